@@ -1,0 +1,429 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Manager owns a set of named controllers. An owner, such as a network
+// endpoint, embeds a Manager by value, installs its controllers with
+// [Manager.UpdateController], and removes them all with
+// [Manager.RemoveAllAndWait] or [Manager.Shutdown] when it dies.
+//
+// The zero value is ready to use: it logs to logrus' standard logger and
+// records into [DefaultMetrics]. [NewManager] takes options to change
+// either. A Manager must not be copied after first use. Every method is safe
+// for concurrent use.
+type Manager struct {
+	mu          sync.Mutex
+	controllers map[string]*Controller // installed, by name
+	stopping    map[*Controller]struct{}
+	registered  bool // in the global registry (has controllers, not fake)
+	fake        bool
+
+	log        logrus.FieldLogger // nil: defaultLogger
+	metrics    *Metrics
+	metricsSet bool // metrics came from WithMetrics, nil included
+}
+
+// Option configures a Manager made by [NewManager].
+type Option func(*Manager)
+
+// NewManager returns a Manager configured by opts. Without options it is the
+// same as the zero Manager.
+func NewManager(opts ...Option) *Manager {
+	m := &Manager{}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
+}
+
+// WithLogger makes the Manager log to l, with the field subsys=controller
+// added; each controller adds its name and uuid. Default (and for a nil l):
+// logrus.StandardLogger().
+func WithLogger(l logrus.FieldLogger) Option {
+	return func(m *Manager) {
+		if l != nil {
+			m.log = l.WithField("subsys", "controller")
+		}
+	}
+}
+
+// WithMetrics makes the Manager record into met, which the caller registers.
+// Default: [DefaultMetrics]. WithMetrics(nil) turns metrics off.
+func WithMetrics(met *Metrics) Option {
+	return func(m *Manager) { m.metrics, m.metricsSet = met, true }
+}
+
+var defaultLogger = logrus.StandardLogger().WithField("subsys", "controller")
+
+func (m *Manager) logger() logrus.FieldLogger {
+	if m.log != nil {
+		return m.log
+	}
+	return defaultLogger
+}
+
+func (m *Manager) debugEnabled() bool {
+	if l, ok := m.logger().(interface{ IsLevelEnabled(logrus.Level) bool }); ok {
+		return l.IsLevelEnabled(logrus.DebugLevel)
+	}
+	return true
+}
+
+func (m *Manager) metricsOrDefault() *Metrics {
+	if m.metricsSet {
+		return m.metrics
+	}
+	return DefaultMetrics
+}
+
+// ErrControllerNotFound is wrapped by the error of a removal of a name that
+// has no controller; check for it with errors.Is.
+var ErrControllerNotFound = errors.New("controller not found")
+
+// UpdateController installs a controller named name with params, or, when
+// one is installed under that name already, updates it: the controller
+// keeps its UUID and statistics, runs DoFunc at once with the new
+// parameters, and restarts its retry backoff. It returns the controller.
+//
+// Invalid parameters (see [ControllerParams.Validate]) are installed all the
+// same, so the mistake is visible: the controller records one failure whose
+// message is the validation error, it is logged at Error, params.Health is
+// told, and DoFunc is not called until an update brings valid parameters.
+//
+// An empty name installs nothing: it is logged at Error and
+// UpdateController returns nil.
+func (m *Manager) UpdateController(name string, params ControllerParams) *Controller {
+	c, _ := m.install(name, params, true)
+	return c
+}
+
+// CreateController installs a controller named name with params, as
+// [Manager.UpdateController] does, unless one is installed under that name
+// already: then it changes nothing and returns false. It returns true when
+// it installed a controller.
+func (m *Manager) CreateController(name string, params ControllerParams) bool {
+	_, created := m.install(name, params, false)
+	return created
+}
+
+func (m *Manager) install(name string, params ControllerParams, update bool) (*Controller, bool) {
+	if name == "" {
+		m.logger().WithError(errors.New("empty controller name")).Error("refusing to install a controller without a name")
+		return nil, false
+	}
+	verr := params.Validate()
+	m.mu.Lock()
+	c, exists := m.controllers[name]
+	switch {
+	case exists && !update:
+		m.mu.Unlock()
+		return c, false
+	case exists:
+		c.update(params, verr)
+	default:
+		c = newController(m, name, params, verr)
+		if m.controllers == nil {
+			m.controllers = make(map[string]*Controller)
+		}
+		m.controllers[name] = c
+		if !m.registered && !m.fake {
+			registry.add(m)
+			m.registered = true
+		}
+		c.metrics.addActive(1)
+		go c.run() // joined through c.terminated; see Controller.run
+	}
+	m.mu.Unlock()
+	if verr != nil {
+		c.logger().WithError(verr).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
+		if params.Health != nil {
+			c.reportHealth(params.Health, verr)
+		}
+	}
+	return c, !exists
+}
+
+// TriggerController makes the named controller run DoFunc at once, keeping
+// its retry backoff; a trigger that arrives while DoFunc runs makes one more
+// run after it. It returns false when there is no such controller.
+func (m *Manager) TriggerController(name string) bool {
+	m.mu.Lock()
+	c, ok := m.controllers[name]
+	m.mu.Unlock()
+	if ok {
+		c.trigger()
+	}
+	return ok
+}
+
+// Lookup returns the named controller, or nil when there is none.
+func (m *Manager) Lookup(name string) *Controller {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.controllers[name]
+}
+
+// RemoveController removes the named controller without waiting for it to
+// stop: its running DoFunc is cancelled, no DoFunc starts again, and its
+// StopFunc runs in the background. The name can be installed again at once;
+// the new controller may then start while the old StopFunc still runs (use
+// [Manager.RemoveControllerAndWait] to serialise). The error wraps
+// [ErrControllerNotFound] when there is no such controller.
+func (m *Manager) RemoveController(name string) error {
+	_, err := m.remove(name)
+	return err
+}
+
+// RemoveControllerAndWait removes the named controller, as
+// [Manager.RemoveController] does, and waits until its DoFunc and StopFunc
+// have returned. The error wraps [ErrControllerNotFound] when there is no
+// such controller.
+func (m *Manager) RemoveControllerAndWait(name string) error {
+	c, err := m.remove(name)
+	if err == nil {
+		<-c.terminated
+	}
+	return err
+}
+
+func (m *Manager) remove(name string) (*Controller, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.controllers[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrControllerNotFound, name)
+	}
+	m.removeLocked(c)
+	m.unregisterIfEmptyLocked()
+	return c, nil
+}
+
+func (m *Manager) removeLocked(c *Controller) {
+	delete(m.controllers, c.name)
+	if c.fake {
+		close(c.terminated)
+		return
+	}
+	if m.stopping == nil {
+		m.stopping = make(map[*Controller]struct{})
+	}
+	m.stopping[c] = struct{}{}
+	c.remove()
+}
+
+func (m *Manager) unregisterIfEmptyLocked() {
+	if m.registered && len(m.controllers) == 0 {
+		registry.remove(m)
+		m.registered = false
+	}
+}
+
+// release is called by a controller's goroutine once it is done.
+func (m *Manager) release(c *Controller) {
+	m.mu.Lock()
+	delete(m.stopping, c)
+	m.mu.Unlock()
+	c.metrics.addActive(-1)
+}
+
+// RemoveAll removes every controller of the Manager without waiting, as
+// [Manager.RemoveController] does for one.
+func (m *Manager) RemoveAll() {
+	m.removeAll()
+}
+
+// RemoveAllAndWait removes every controller of the Manager and waits until
+// all have stopped, those removed earlier and still stopping included. A
+// DoFunc or StopFunc that never returns makes it wait for ever; use
+// [Manager.Shutdown] to bound the wait.
+func (m *Manager) RemoveAllAndWait() {
+	for _, c := range m.removeAll() {
+		<-c.terminated
+	}
+}
+
+// Shutdown removes every controller of the Manager and waits until all have
+// stopped, those removed earlier and still stopping included, or until ctx
+// ends. Then it cancels the contexts of the StopFuncs still running (or yet
+// to run) and returns an error that wraps ctx.Err() and names the
+// controllers still running. The Manager stays usable afterwards.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	ctx = contextOrBackground(ctx)
+	waiting := m.removeAll()
+	for i, c := range waiting {
+		select {
+		case <-c.terminated:
+		case <-ctx.Done():
+			return m.expire(ctx.Err(), waiting[i:])
+		}
+	}
+	return nil
+}
+
+// expire cancels the StopFunc contexts of the controllers in cs that have
+// not terminated and returns the error of Shutdown naming them.
+func (m *Manager) expire(cause error, cs []*Controller) error {
+	var names []string
+	for _, c := range cs {
+		select {
+		case <-c.terminated:
+		default:
+			c.expireStop()
+			names = append(names, c.name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	return fmt.Errorf("controller: shutdown: %w; still running: %s", cause, strings.Join(names, ", "))
+}
+
+// removeAll removes every installed controller and returns them with those
+// still stopping from earlier removals.
+func (m *Manager) removeAll() []*Controller {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cs := make([]*Controller, 0, len(m.controllers)+len(m.stopping))
+	for c := range m.stopping {
+		cs = append(cs, c)
+	}
+	for _, c := range m.controllers {
+		m.removeLocked(c)
+		cs = append(cs, c)
+	}
+	m.unregisterIfEmptyLocked()
+	return cs
+}
+
+// TerminationChannel returns a channel that is closed when the named
+// controller has stopped after its removal, its StopFunc included. For a
+// name with no installed controller it returns a closed channel. Do not
+// close the channel.
+func (m *Manager) TerminationChannel(name string) chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.controllers[name]; ok {
+		return c.terminated
+	}
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
+
+// GetStatusModel returns the status of every controller of the Manager,
+// sorted by name.
+func (m *Manager) GetStatusModel() ControllerStatuses {
+	m.mu.Lock()
+	cs := make([]*Controller, 0, len(m.controllers))
+	for _, c := range m.controllers {
+		cs = append(cs, c)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(cs, func(a, b *Controller) int { return strings.Compare(a.name, b.name) })
+	return statusesOf(cs)
+}
+
+// statusesOf returns the statuses of cs, in their order, in a constant
+// number of allocations.
+func statusesOf(cs []*Controller) ControllerStatuses {
+	out := make(ControllerStatuses, len(cs))
+	ss := make([]ControllerStatus, len(cs))
+	cfgs := make([]ControllerStatusConfiguration, len(cs))
+	sts := make([]ControllerStatusStatus, len(cs))
+	for i, c := range cs {
+		c.fillStatus(&ss[i], &cfgs[i], &sts[i])
+		out[i] = &ss[i]
+	}
+	return out
+}
+
+// registry holds every Manager that has controllers installed, for
+// GetGlobalStatus. A Manager is in it only while it has controllers, so an
+// emptied Manager can be garbage collected.
+var registry managerRegistry
+
+type managerRegistry struct {
+	mu       sync.Mutex
+	managers map[*Manager]struct{}
+}
+
+func (r *managerRegistry) add(m *Manager) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.managers == nil {
+		r.managers = make(map[*Manager]struct{})
+	}
+	r.managers[m] = struct{}{}
+}
+
+func (r *managerRegistry) remove(m *Manager) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.managers, m)
+}
+
+// GetGlobalStatus returns the status of every installed controller of every
+// Manager in the process (but those of [FakeManager]s), sorted by name, then
+// by UUID.
+func GetGlobalStatus() ControllerStatuses {
+	registry.mu.Lock()
+	ms := make([]*Manager, 0, len(registry.managers))
+	for m := range registry.managers {
+		ms = append(ms, m)
+	}
+	registry.mu.Unlock()
+	var cs []*Controller
+	for _, m := range ms {
+		m.mu.Lock()
+		for _, c := range m.controllers {
+			cs = append(cs, c)
+		}
+		m.mu.Unlock()
+	}
+	slices.SortFunc(cs, func(a, b *Controller) int {
+		if c := strings.Compare(a.name, b.name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.uuid, b.uuid)
+	})
+	return statusesOf(cs)
+}
+
+// FakeManager returns a Manager holding failingControllers controllers,
+// named "controller-0", "controller-1", …, that each show one failure
+// ("controller failed"), for tests of code that reads statuses or Health.
+// Its controllers run nothing; removing one closes its termination channel.
+// A FakeManager records no metrics and is left out of [GetGlobalStatus].
+// Controllers installed in it later run as in any Manager.
+func FakeManager(failingControllers int) *Manager {
+	m := &Manager{fake: true, metricsSet: true}
+	m.controllers = make(map[string]*Controller, failingControllers)
+	now := time.Now()
+	for i := range failingControllers {
+		name := fmt.Sprintf("controller-%d", i)
+		c := &Controller{
+			name:       name,
+			uuid:       fmt.Sprintf("00000000-0000-4000-8000-%012d", i),
+			mgr:        m,
+			fake:       true,
+			signal:     make(chan struct{}, 1),
+			terminated: make(chan struct{}),
+			params:     ControllerParams{DoFunc: NoopFunc},
+			runParent:  context.Background(),
+		}
+		c.recordFailureLocked(errors.New("controller failed"), now)
+		m.controllers[name] = c
+	}
+	return m
+}

@@ -1,0 +1,240 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ControllerFunc is the signature of a controller's DoFunc and StopFunc.
+//
+// The context is cancelled when the controller is removed, and, for DoFunc,
+// when an update or trigger asks for the running call to be cancelled (see
+// [ControllerParams.CancelDoFuncOnUpdate]). A function should return promptly
+// once its context is done; whatever it returns then is not counted as a
+// failure.
+type ControllerFunc func(ctx context.Context) error
+
+// NoopFunc is a [ControllerFunc] that does nothing and returns nil. It is
+// handy as a placeholder DoFunc for a controller that only needs a StopFunc.
+func NoopFunc(ctx context.Context) error { return nil }
+
+// Group names a family of controllers for the metrics label group_name. Use
+// a small fixed set of groups ("endpoint-sync", "ipcache-gc", ...): a group
+// must never be derived from a resource id, or the metrics' cardinality grows
+// with the resources. The zero Group is "no group": such controllers are left
+// out of the per-group metrics.
+type Group struct {
+	// Name is the value of the group_name label.
+	Name string
+}
+
+// NewGroup returns the Group with the given name.
+func NewGroup(name string) Group { return Group{Name: name} }
+
+// HealthReporter receives the outcome of every run of a controller. Both
+// methods are called from the controller's own goroutine, after the outcome
+// has been recorded and outside any lock of this package, so they may call
+// back into the [Manager]. A panic in a HealthReporter is recovered and
+// logged; the controller goes on.
+type HealthReporter interface {
+	// OK is called after a successful run, including one that ended with
+	// an [ExitReason].
+	OK(controllerName string)
+	// Degraded is called after a failed run, after a failed StopFunc and
+	// when a controller is given invalid parameters.
+	Degraded(controllerName string, err error)
+}
+
+// ControllerParams configures a controller. The zero value of every field
+// but DoFunc is a valid choice; the comment on each field says what its zero
+// value means.
+//
+// The wait after a failed run grows linearly with the retry step n (1 for
+// the first failure after a success or an update, then 2, 3, …):
+//
+//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + jitter
+//
+// where the cap applies only when MaxRetryInterval > 0 and jitter is a
+// random duration in [0, Jitter). With the defaults (base 1s, no cap, no
+// jitter) a controller that keeps failing runs at 0s, 1s, 3s, 6s, 10s, 15s, …
+// (waits of 1s, 2s, 3s, 4s, 5s); with MaxRetryInterval 3s it runs at 0s, 1s,
+// 3s, 6s, 9s, 12s, … The arithmetic saturates at the largest
+// [time.Duration] instead of overflowing.
+type ControllerParams struct {
+	// Group is the metrics group of the controller. Zero: no group; the
+	// controller is left out of controllers_group_runs_total.
+	Group Group
+
+	// DoFunc is the work of the controller. Required: a nil DoFunc makes
+	// the parameters invalid. See [ControllerFunc].
+	DoFunc ControllerFunc
+
+	// StopFunc, when not nil, runs once when the controller is removed,
+	// after its last DoFunc returned, provided DoFunc ran at least once.
+	// Its context keeps the values of Context, is not cancelled by the
+	// removal, and is cancelled when a [Manager.Shutdown] deadline passes.
+	// Nil: nothing runs on removal.
+	StopFunc ControllerFunc
+
+	// RunInterval is the wait between the end of a run and the start of
+	// the next one. Zero: after a success the controller waits for an
+	// update or a trigger.
+	RunInterval time.Duration
+
+	// ErrorRetryBaseDuration is the unit of the linear retry backoff: the
+	// n-th consecutive failure is retried after n × ErrorRetryBaseDuration.
+	// Zero means 1s.
+	ErrorRetryBaseDuration time.Duration
+
+	// MaxRetryInterval caps the retry wait. Zero: no cap.
+	MaxRetryInterval time.Duration
+
+	// NoErrorRetry, when true, schedules no retry after a failure: the
+	// next run comes after RunInterval if that is > 0, else on an update or
+	// trigger. False (the default): failures are retried with backoff.
+	NoErrorRetry bool
+
+	// MaxRetries stops the retries once this many failures happened since
+	// the last success or update; the controller then behaves as with
+	// NoErrorRetry until a success or an update. Zero: retry for ever.
+	MaxRetries int
+
+	// Jitter adds a random duration in [0, Jitter) to every timed wait (the
+	// retry wait after the cap, and RunInterval), never to the first run or
+	// to a run caused by an update or trigger. Zero: no jitter.
+	Jitter time.Duration
+
+	// CancelDoFuncOnUpdate, when true, makes an update or a trigger cancel
+	// the context of the DoFunc that is running, so the new run starts
+	// sooner. False (the default): the running DoFunc is left to finish.
+	// The value of the parameters the running DoFunc was started with
+	// decides.
+	CancelDoFuncOnUpdate bool
+
+	// Context is the parent of the context DoFunc gets. When it ends, the
+	// running DoFunc is cancelled and the controller stops running DoFunc
+	// until an update brings a live context. Nil means
+	// context.Background().
+	Context context.Context
+
+	// Health, when not nil, is told the outcome of every run. Nil: nothing
+	// is told.
+	Health HealthReporter
+}
+
+// ErrInvalidParams is wrapped by every error [ControllerParams.Validate]
+// returns; check for it with errors.Is.
+var ErrInvalidParams = errors.New("invalid controller parameters")
+
+// Validate reports whether the parameters can run. It rejects a nil DoFunc
+// and a negative RunInterval, ErrorRetryBaseDuration, MaxRetryInterval,
+// Jitter or MaxRetries. The error names every offending field with its value
+// and wraps [ErrInvalidParams].
+func (p ControllerParams) Validate() error {
+	var errs []error
+	bad := func(field string, value any) {
+		errs = append(errs, fmt.Errorf("%w: %s must not be negative, got %v", ErrInvalidParams, field, value))
+	}
+	if p.DoFunc == nil {
+		errs = append(errs, fmt.Errorf("%w: DoFunc must not be nil", ErrInvalidParams))
+	}
+	if p.RunInterval < 0 {
+		bad("RunInterval", p.RunInterval)
+	}
+	if p.ErrorRetryBaseDuration < 0 {
+		bad("ErrorRetryBaseDuration", p.ErrorRetryBaseDuration)
+	}
+	if p.MaxRetryInterval < 0 {
+		bad("MaxRetryInterval", p.MaxRetryInterval)
+	}
+	if p.Jitter < 0 {
+		bad("Jitter", p.Jitter)
+	}
+	if p.MaxRetries < 0 {
+		bad("MaxRetries", p.MaxRetries)
+	}
+	return errors.Join(errs...)
+}
+
+// defaultErrorRetryBase is the retry unit when ErrorRetryBaseDuration is 0.
+const defaultErrorRetryBase = time.Second
+
+// retryBase returns the effective ErrorRetryBaseDuration.
+func (p *ControllerParams) retryBase() time.Duration {
+	if p.ErrorRetryBaseDuration <= 0 {
+		return defaultErrorRetryBase
+	}
+	return p.ErrorRetryBaseDuration
+}
+
+// outcome is how a run ended, as far as scheduling is concerned.
+type outcome uint8
+
+const (
+	outcomeSuccess outcome = iota // DoFunc returned nil
+	outcomeExit                   // an ExitReason, or an error after cancellation
+	outcomeFailure                // any other error, or a panic
+)
+
+// nextWait decides what the run loop does after a run that ended with o.
+// step is the retry step after this run: the number of failures since the
+// last success or update, this one included. jitter is a random sample in
+// [0, p.Jitter), added to every timed wait.
+//
+// It returns the wait and true for a timed wait, or 0 and false when the
+// controller waits for an update, trigger or removal instead. It is pure:
+// no clock, no randomness, no state. Negative durations (which Validate
+// rejects) count as 0, and the arithmetic saturates at the largest Duration.
+func nextWait(o outcome, p *ControllerParams, step int, jitter time.Duration) (time.Duration, bool) {
+	switch o {
+	case outcomeExit:
+		return 0, false
+	case outcomeFailure:
+		if !p.NoErrorRetry && (p.MaxRetries <= 0 || step < p.MaxRetries) {
+			return saturatingAdd(retryWait(p, step), jitter), true
+		}
+	}
+	if p.RunInterval > 0 {
+		return saturatingAdd(p.RunInterval, jitter), true
+	}
+	return 0, false
+}
+
+// retryWait is min(step × base, cap), saturating instead of overflowing.
+func retryWait(p *ControllerParams, step int) time.Duration {
+	if step < 1 {
+		step = 1
+	}
+	w := saturatingMul(p.retryBase(), step)
+	if p.MaxRetryInterval > 0 && w > p.MaxRetryInterval {
+		w = p.MaxRetryInterval
+	}
+	return w
+}
+
+const maxDuration = time.Duration(1<<63 - 1)
+
+func saturatingMul(d time.Duration, n int) time.Duration {
+	if d <= 0 || n <= 0 {
+		return 0
+	}
+	if int64(d) > int64(maxDuration)/int64(n) {
+		return maxDuration
+	}
+	return d * time.Duration(n)
+}
+
+func saturatingAdd(a, b time.Duration) time.Duration {
+	if a < 0 {
+		a = 0
+	}
+	if b < 0 {
+		b = 0
+	}
+	if a > maxDuration-b {
+		return maxDuration
+	}
+	return a + b
+}

@@ -1,0 +1,227 @@
+package controller
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+)
+
+// Duration is a [time.Duration] that marshals, in JSON and as text, as a Go
+// duration string such as "1.5s", the way Cilium's REST model writes
+// durations. Unmarshalling also accepts a JSON number of nanoseconds.
+type Duration time.Duration
+
+// String returns the duration in Go syntax, e.g. "1m30s".
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalText implements [encoding.TextMarshaler].
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText implements [encoding.TextUnmarshaler]; it accepts what
+// [time.ParseDuration] accepts.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("controller.Duration: %w", err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// UnmarshalJSON accepts a duration string ("1s") or a number of
+// nanoseconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		return d.UnmarshalText([]byte(s))
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("controller.Duration: want a duration string or nanoseconds, got %s", b)
+	}
+	*d = Duration(n)
+	return nil
+}
+
+// ControllerStatuses is a list of controller statuses, as returned by
+// [Manager.GetStatusModel] and [GetGlobalStatus].
+type ControllerStatuses []*ControllerStatus
+
+// ControllerStatus is the status of one controller. Its JSON form is that of
+// Cilium's REST model (models.ControllerStatus), so tools that read Cilium's
+// controller status read it too; the fields this package adds are left out
+// when zero.
+//
+//	{
+//	  "name": "sync-to-k8s",
+//	  "uuid": "6f1c0e2a-5b0e-4d8e-9a63-1c2d3e4f5a6b",
+//	  "configuration": {"error-retry": true, "error-retry-base": "1s", "interval": "10s"},
+//	  "status": {
+//	    "success-count": 12, "failure-count": 1, "consecutive-failure-count": 0,
+//	    "last-failure-msg": "", "last-failure-timestamp": "2026-11-21T10:00:01Z",
+//	    "last-success-timestamp": "2026-11-21T10:02:00Z"
+//	  }
+//	}
+type ControllerStatus struct {
+	Name          string                         `json:"name"`
+	UUID          string                         `json:"uuid"`
+	Configuration *ControllerStatusConfiguration `json:"configuration,omitempty"`
+	Status        *ControllerStatusStatus        `json:"status,omitempty"`
+}
+
+// ControllerStatusConfiguration is the configuration part of a
+// [ControllerStatus]: the controller's newest parameters.
+type ControllerStatusConfiguration struct {
+	// ErrorRetry is !NoErrorRetry.
+	ErrorRetry bool `json:"error-retry"`
+	// ErrorRetryBase is the effective ErrorRetryBaseDuration (1s when the
+	// parameter is 0).
+	ErrorRetryBase Duration `json:"error-retry-base"`
+	// Interval is RunInterval.
+	Interval Duration `json:"interval"`
+
+	// Group is Group.Name; left out when empty.
+	Group string `json:"group,omitempty"`
+	// MaxRetryInterval is the retry cap; left out when 0 (no cap).
+	MaxRetryInterval Duration `json:"max-retry-interval,omitzero"`
+	// MaxRetries is the retry limit; left out when 0 (no limit).
+	MaxRetries int64 `json:"max-retries,omitzero"`
+	// Jitter is the jitter bound; left out when 0.
+	Jitter Duration `json:"jitter,omitzero"`
+}
+
+// ControllerStatusStatus is the statistics part of a [ControllerStatus].
+type ControllerStatusStatus struct {
+	SuccessCount            int64 `json:"success-count"`
+	FailureCount            int64 `json:"failure-count"`
+	ConsecutiveFailureCount int64 `json:"consecutive-failure-count"`
+	// LastFailureMsg is the last error: a failure's message, or the
+	// ExitReason of the last run. Empty after a plain success.
+	LastFailureMsg       string    `json:"last-failure-msg"`
+	LastFailureTimestamp time.Time `json:"last-failure-timestamp,omitzero"`
+	LastSuccessTimestamp time.Time `json:"last-success-timestamp,omitzero"`
+	// LastRunDuration is how long the last DoFunc run took; left out when
+	// 0.
+	LastRunDuration Duration `json:"last-run-duration,omitzero"`
+}
+
+// failing reports whether the status is of a failing controller: one whose
+// consecutive failure count is above zero.
+func (s *ControllerStatus) failing() bool {
+	return s.Status != nil && s.Status.ConsecutiveFailureCount > 0
+}
+
+func compareStatus(a, b *ControllerStatus) int {
+	return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.UUID, b.UUID))
+}
+
+// FormatStatus writes a human-readable summary of statuses to w: a line
+// "Controller Status: <ok>/<total> healthy", then a table of every
+// controller when all is true, or of the failing ones only:
+//
+//	Controller Status: 2/3 healthy
+//	Name          Last success   Last error   Count   Message
+//	sync-to-k8s   never          3s ago       4       connection refused
+//
+// Times read "never" or "<duration rounded to seconds> ago"; Count is the
+// number of consecutive failures; Message is the last error, or "no error".
+// Rows are sorted by name. No table is written when it would be empty. It
+// returns the first error writing to w.
+func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
+	rows := make(ControllerStatuses, 0, len(statuses))
+	total, failing := 0, 0
+	for _, s := range statuses {
+		if s == nil {
+			continue
+		}
+		total++
+		if s.failing() {
+			failing++
+		}
+		if all || s.failing() {
+			rows = append(rows, s)
+		}
+	}
+	if _, err := fmt.Fprintf(w, "Controller Status: %d/%d healthy\n", total-failing, total); err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	slices.SortFunc(rows, compareStatus)
+	now := time.Now()
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(tw, "Name\tLast success\tLast error\tCount\tMessage")
+	for _, s := range rows {
+		st := s.Status
+		if st == nil {
+			st = &ControllerStatusStatus{}
+		}
+		msg := st.LastFailureMsg
+		if msg == "" {
+			msg = "no error"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.Name,
+			ago(now, st.LastSuccessTimestamp), ago(now, st.LastFailureTimestamp),
+			st.ConsecutiveFailureCount, msg)
+	}
+	return tw.Flush()
+}
+
+// ago formats t relative to now: "never" for the zero time, else the
+// elapsed time rounded to seconds ("3s ago", "1m5s ago").
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		d = 0
+	}
+	return d.String() + " ago"
+}
+
+// Health returns nil when none of the Manager's controllers is failing, else
+// one error per failing controller, sorted by name and joined with
+// [errors.Join]. Each names the controller and its consecutive failures and
+// wraps its last error:
+//
+//	controller "sync-to-k8s": 4 consecutive failures: connection refused
+//
+// A controller is failing when its consecutive failure count is above zero;
+// that is the same rule as [FormatStatus] and the controllers_failing
+// metric.
+func (m *Manager) Health() error {
+	type failingController struct {
+		name string
+		n    int64
+		err  error
+	}
+	var fs []failingController
+	m.mu.Lock()
+	for _, c := range m.controllers {
+		c.mu.Lock()
+		if c.consecutiveFailures > 0 {
+			fs = append(fs, failingController{c.name, c.consecutiveFailures, c.lastErr})
+		}
+		c.mu.Unlock()
+	}
+	m.mu.Unlock()
+	if len(fs) == 0 {
+		return nil
+	}
+	slices.SortFunc(fs, func(a, b failingController) int { return cmp.Compare(a.name, b.name) })
+	errs := make([]error, len(fs))
+	for i, f := range fs {
+		errs[i] = fmt.Errorf("controller %q: %d consecutive failures: %w", f.name, f.n, f.err)
+	}
+	return errors.Join(errs...)
+}
