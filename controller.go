@@ -160,11 +160,20 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		FailureCount:            c.failureCount,
 		ConsecutiveFailureCount: c.consecutiveFailures,
 		LastFailureMsg:          c.lastErrMsg,
-		LastFailureTimestamp:    c.lastErrTime,
-		LastSuccessTimestamp:    c.lastSuccessTime,
+		LastFailureTimestamp:    statusTime(c.lastErrTime),
+		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
 		LastRunDuration:         Duration(c.lastRunDuration),
 	}
 	*s = ControllerStatus{Name: c.name, UUID: c.uuid, Configuration: cfg, Status: st}
+}
+
+// statusTime is t as the status shows it: in UTC, without the monotonic
+// clock reading, so it survives a JSON round trip unchanged.
+func statusTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.Round(0).UTC()
 }
 
 // newController returns a controller for params, not yet started.

@@ -125,3 +125,9 @@ func (h *healthLog) all() []string {
 	defer h.mu.Unlock()
 	return append([]string(nil), h.events...)
 }
+
+// quietLogger is a logger that discards everything.
+func quietLogger() *logrus.Logger {
+	l, _ := test.NewNullLogger()
+	return l
+}
