@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
@@ -23,57 +24,68 @@ import (
 // are safe for concurrent use. Keep the *Controller only to read its
 // statistics; change it through the Manager, by name.
 type Controller struct {
-	name    string
-	uuid    string
-	mgr     *Manager
-	metrics *Metrics                     // nil: metrics off
-	fake    bool                         // made by FakeManager: no goroutine
-	log     atomic.Pointer[logrus.Entry] // built on first use, once
+	// The fields are ordered and sized for an idle controller to cost as
+	// little memory as possible: a process may hold a million of them.
 
-	// signal wakes the run loop after a field under mu changed. Its
-	// capacity of one coalesces wake-ups; the loop reads the fields.
+	name string
+	uuid [36]byte // immutable; UUID() views it as a string
+	mgr  *Manager
+	log  atomic.Pointer[logrus.Entry] // built on first use, once
+
+	// signal wakes the run loop after state or a field under mu changed.
+	// Its capacity of one coalesces wake-ups; the loop reads the state.
 	signal chan struct{}
-	// terminated is closed once the loop and the StopFunc are done.
-	terminated chan struct{}
+
+	// state holds the st* bits. It is written under mu, except for the
+	// loop's lock-free claim of a timed run (CompareAndSwap from 0).
+	state atomic.Uint32
 
 	mu sync.Mutex
 
-	// What the loop is asked to do.
-	params         ControllerParams // the newest, valid or not
-	invalid        error            // params.Validate() of the newest params
-	pendingUpdate  bool
-	pendingTrigger bool
-	removed        bool
-	// attached: installed in the Manager, so counted in
-	// controllers_failing while consecutiveFailures > 0.
-	attached bool
+	// params are the newest valid parameters: what runs, what StopFunc
+	// and the run context come from. When the newest parameters are
+	// invalid, they are kept in invalidParams and invalid holds the
+	// validation error; DoFunc does not run until an update repairs them.
+	params        ControllerParams
+	invalid       error
+	invalidParams *ControllerParams
+	group         *groupHandles // metrics children of the newest group
 
-	// The run context (rule 2): runCtx is derived from runParent and is
-	// replaced lazily, by the loop, after it was cancelled for an update
-	// or trigger (then runCtx is nil).
-	runParent      context.Context
-	runCtx         context.Context
-	runCancel      context.CancelFunc
-	running        bool // a DoFunc is running
-	cancelOnUpdate bool // its params' CancelDoFuncOnUpdate
+	// The run context (rule 2): derived from params.Context, replaced
+	// lazily by the loop after it was cancelled for an update or trigger
+	// (then runCtx is nil).
+	runCtx    context.Context
+	runCancel context.CancelFunc
+	// stopCancel cancels the running StopFunc's context.
+	stopCancel context.CancelFunc
+	// terminated is made on demand and closed once the loop and the
+	// StopFunc are done (stDone).
+	terminated chan struct{}
 
-	// What removal runs: the StopFunc and Context of the newest valid
-	// parameters. stopExpired is set when a Shutdown deadline passed.
-	stopFunc    ControllerFunc
-	stopParent  context.Context
-	stopCancel  context.CancelFunc
-	stopExpired bool
-
-	// Statistics.
+	// Statistics. Times are Unix nanoseconds, 0 for never.
 	successCount        int64
 	failureCount        int64
 	consecutiveFailures int64
 	lastErr             error
 	lastErrMsg          string
-	lastErrTime         time.Time
-	lastSuccessTime     time.Time
+	lastErrTime         int64
+	lastSuccessTime     int64
 	lastRunDuration     time.Duration
+
+	cancelOnUpdate bool // CancelDoFuncOnUpdate of the running DoFunc's params
+	attached       bool // installed: counted in controllers_failing while failing
+	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
+	fake           bool // made by FakeManager: no goroutine
 }
+
+// Bits of Controller.state.
+const (
+	stRunning uint32 = 1 << iota // a DoFunc is running
+	stUpdate                     // an update is pending
+	stTrigger                    // a trigger is pending
+	stRemoved                    // removed from its Manager
+	stDone                       // the loop and StopFunc are done
+)
 
 // Name returns the name the controller was installed under.
 func (c *Controller) Name() string { return c.name }
@@ -81,7 +93,11 @@ func (c *Controller) Name() string { return c.name }
 // UUID returns the controller's unique id, a random (version 4) UUID. It
 // stays the same across updates; a controller installed again under the
 // same name after a removal gets a new one.
-func (c *Controller) UUID() string { return c.uuid }
+func (c *Controller) UUID() string {
+	// The bytes never change after construction, so a string may share
+	// them: UUID and GetStatusModel cost no allocation.
+	return unsafe.String(&c.uuid[0], len(c.uuid))
+}
 
 // GetSuccessCount returns the number of successful runs, runs that ended
 // with an [ExitReason] included.
@@ -120,7 +136,7 @@ func (c *Controller) GetLastError() error {
 func (c *Controller) GetLastErrorTimestamp() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lastErrTime
+	return unixTime(c.lastErrTime)
 }
 
 // GetLastSuccessTimestamp returns when the last successful run returned; the
@@ -128,7 +144,23 @@ func (c *Controller) GetLastErrorTimestamp() time.Time {
 func (c *Controller) GetLastSuccessTimestamp() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lastSuccessTime
+	return unixTime(c.lastSuccessTime)
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// statusTime is a time as the status shows it: in UTC, so that it survives
+// a JSON round trip unchanged.
+func statusTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
 }
 
 // GetStatusModel returns a snapshot of the controller's configuration and
@@ -146,6 +178,9 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
+	if c.invalidParams != nil {
+		p = c.invalidParams
+	}
 	*cfg = ControllerStatusConfiguration{
 		ErrorRetry:       !p.NoErrorRetry,
 		ErrorRetryBase:   Duration(p.retryBase()),
@@ -164,56 +199,48 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
 		LastRunDuration:         Duration(c.lastRunDuration),
 	}
-	*s = ControllerStatus{Name: c.name, UUID: c.uuid, Configuration: cfg, Status: st}
+	*s = ControllerStatus{Name: c.name, UUID: c.UUID(), Configuration: cfg, Status: st}
 }
 
-// statusTime is t as the status shows it: in UTC, without the monotonic
-// clock reading, so it survives a JSON round trip unchanged.
-func statusTime(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
-	}
-	return t.Round(0).UTC()
-}
-
-// newController returns a controller for params, not yet started.
-// verr is params.Validate().
-func newController(m *Manager, name string, params ControllerParams, verr error) *Controller {
+// newController returns a controller for params, not yet started. verr is
+// params.Validate(); group holds the metrics children of params.Group.
+func newController(m *Manager, name string, params ControllerParams, verr error, group *groupHandles) *Controller {
 	c := &Controller{
-		name:       name,
-		uuid:       newUUID(),
-		mgr:        m,
-		metrics:    m.metricsOrDefault(),
-		signal:     make(chan struct{}, 1),
-		terminated: make(chan struct{}),
-		attached:   true,
+		name:     name,
+		mgr:      m,
+		signal:   make(chan struct{}, 1),
+		attached: true,
 	}
-	c.runParent = contextOrBackground(params.Context)
-	c.setParamsLocked(params, verr)
-	c.pendingUpdate = false // the first run is not an update
+	newUUID(&c.uuid)
+	c.setParamsLocked(params, verr, group)
 	return c
 }
 
-// update applies new parameters (rule 5: run at once, retry step reset).
-func (c *Controller) update(params ControllerParams, verr error) {
+// update applies new parameters: DoFunc runs at once and the retry step
+// restarts (rule 5).
+func (c *Controller) update(params ControllerParams, verr error, group *groupHandles) {
 	c.mu.Lock()
-	c.setParamsLocked(params, verr)
+	c.setParamsLocked(params, verr, group)
 	c.mu.Unlock()
 	c.notify()
 }
 
-func (c *Controller) setParamsLocked(params ControllerParams, verr error) {
-	c.params, c.invalid, c.pendingUpdate = params, verr, true
+func (c *Controller) setParamsLocked(params ControllerParams, verr error, group *groupHandles) {
+	old := c.state.Load()
+	c.state.Store(old | stUpdate)
+	c.group = group
+	cancelRun := old&stRunning != 0 && c.cancelOnUpdate
 	if verr != nil {
-		c.recordFailureLocked(verr, time.Now())
-		return
+		p := params
+		c.invalid, c.invalidParams = verr, &p
+		c.recordFailureLocked(verr, time.Now().UnixNano())
+	} else {
+		if !sameContext(params.Context, c.params.Context) {
+			cancelRun = true
+		}
+		c.params, c.invalid, c.invalidParams = params, nil, nil
 	}
-	parent := contextOrBackground(params.Context)
-	c.stopFunc, c.stopParent = params.StopFunc, parent
-	if !sameContext(parent, c.runParent) {
-		c.runParent = parent
-		c.cancelRunLocked()
-	} else if c.running && c.cancelOnUpdate {
+	if cancelRun {
 		c.cancelRunLocked()
 	}
 }
@@ -221,8 +248,9 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error) {
 // trigger asks for a run at once, keeping the retry step.
 func (c *Controller) trigger() {
 	c.mu.Lock()
-	c.pendingTrigger = true
-	if c.running && c.cancelOnUpdate {
+	old := c.state.Load()
+	c.state.Store(old | stTrigger)
+	if old&stRunning != 0 && c.cancelOnUpdate {
 		c.cancelRunLocked()
 	}
 	c.mu.Unlock()
@@ -234,13 +262,16 @@ func (c *Controller) trigger() {
 // Manager's lock and has taken c out of the Manager.
 func (c *Controller) remove() {
 	c.mu.Lock()
-	c.removed = true
+	c.state.Store(c.state.Load() | stRemoved)
 	if c.attached && c.consecutiveFailures > 0 {
-		c.metrics.addFailing(-1)
+		c.mgr.metricsOrDefault().addFailing(-1)
 	}
 	c.attached = false
 	if c.runCancel != nil {
 		c.runCancel()
+	}
+	if c.fake {
+		c.markDoneLocked()
 	}
 	c.mu.Unlock()
 	c.notify()
@@ -254,6 +285,30 @@ func (c *Controller) expireStop() {
 		c.stopCancel()
 	}
 	c.mu.Unlock()
+}
+
+// done reports whether the controller has terminated.
+func (c *Controller) done() bool { return c.state.Load()&stDone != 0 }
+
+// terminationChannel returns the channel closed on termination, making it
+// on first use.
+func (c *Controller) terminationChannel() chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.terminated == nil {
+		c.terminated = make(chan struct{})
+		if c.done() {
+			close(c.terminated)
+		}
+	}
+	return c.terminated
+}
+
+func (c *Controller) markDoneLocked() {
+	c.state.Store(c.state.Load() | stDone)
+	if c.terminated != nil {
+		close(c.terminated)
+	}
 }
 
 func (c *Controller) cancelRunLocked() {
@@ -270,136 +325,220 @@ func (c *Controller) notify() {
 	}
 }
 
+// loop is the run loop's own state. It lives on the loop goroutine's stack
+// and only that goroutine touches it.
+type loop struct {
+	do     ControllerFunc  // DoFunc of the params the next run uses
+	ctx    context.Context // its run context
+	parent context.Context // params.Context, or Background
+	timer  *time.Timer     // made on the first timed wait, then reused
+	armed  bool            // a timed wait is pending on timer
+	step   int             // failures since the last success or update
+	ranDo  bool            // DoFunc ran at least once
+}
+
+// What the loop does after looking at the controller's state.
+type action uint8
+
+const (
+	actRun  action = iota // run DoFunc now
+	actWait               // wait for a signal or the timer
+	actExit               // removed: stop
+)
+
 // run is the controller's goroutine. Its owner is the Manager that
-// installed the controller, which joins it through c.terminated
-// (RemoveControllerAndWait, RemoveAllAndWait, Shutdown).
+// installed the controller, which joins it through the Manager's drain
+// (RemoveAllAndWait, Shutdown) or the termination channel
+// (RemoveControllerAndWait).
 //
-// The loop only wires signals and the timer; what to wait for after a run is
-// decided by nextWait.
+// The loop only wires signals and the timer. Its frame is kept small, and
+// everything heavy happens in helpers at the depth of DoFunc rather than
+// below it, so the goroutine's stack stays at its initial 2 KiB for an idle
+// controller. A timed run whose state did not change is claimed without
+// the lock.
 func (c *Controller) run() {
-	var (
-		timer  *time.Timer
-		timerC <-chan time.Time // nil while no timed wait is pending
-		step   int              // failures since the last success or update
-		runNow = true           // rule 1: the first run starts at once
-		ranDo  bool             // DoFunc ran at least once
-		gm     groupMetrics
-	)
+	var l loop
+	due := true // rule 1: the first run starts at once
 	for {
-		if !runNow {
+		fired := false
+		if !due {
+			var timerC <-chan time.Time
+			if l.armed {
+				timerC = l.timer.C
+			}
 			select {
 			case <-c.signal:
 			case <-timerC:
-				timerC, runNow = nil, true
+				l.armed, fired = false, true
 			}
 		}
-
-		c.mu.Lock()
-		// Removal wins over every other signal, but a valid new controller
-		// still makes its first run (rule 1).
-		if c.removed && (ranDo || c.invalid != nil) {
-			c.mu.Unlock()
-			break
-		}
-		if c.pendingUpdate {
-			step = 0
-		}
-		runNow = runNow || c.pendingUpdate || c.pendingTrigger
-		c.pendingUpdate, c.pendingTrigger = false, false
-		// Parked until an update: invalid parameters, or an ended
-		// params.Context (the first run happens regardless, rule 1).
-		park := c.invalid != nil || (ranDo && c.runParent.Err() != nil)
-		if park {
-			runNow = false
-		}
-		if (runNow || park) && timerC != nil {
-			timer.Stop()
-			timerC = nil
-		}
-		if !runNow {
-			c.mu.Unlock()
-			continue
-		}
-		p := c.params
-		if c.runCtx == nil {
-			c.runCtx, c.runCancel = context.WithCancel(c.runParent)
-			if c.removed {
-				c.runCancel()
+		if !fired || l.parent.Err() != nil || !c.state.CompareAndSwap(0, stRunning) {
+			switch c.begin(&l, due || fired) {
+			case actExit:
+				c.finish(&l)
+				return
+			case actWait:
+				due = false
+				continue
 			}
 		}
-		ctx := c.runCtx
-		c.running, c.cancelOnUpdate = true, p.CancelDoFuncOnUpdate
-		c.mu.Unlock()
-
-		runNow, ranDo = false, true
-		gm.resolve(c.metrics, p.Group.Name)
-
+		due = false
+		l.ranDo = true
 		start := time.Now()
-		err, stack := call(p.DoFunc, ctx)
-		end := time.Now()
+		err, stack := call(l.do, l.ctx)
+		c.afterRun(&l, err, stack, start, time.Since(start))
+	}
+}
 
-		o := outcomeSuccess
-		switch {
-		case err == nil:
-		case stack != nil:
-			o = outcomeFailure // a panic is a failure, cancelled or not
-		case ctx.Err() != nil:
-			err, o = errContextCanceled, outcomeExit
-		case isExitReason(err):
-			o = outcomeExit
-		default:
-			o = outcomeFailure
-		}
-
-		c.mu.Lock()
-		c.running = false
-		c.lastRunDuration = end.Sub(start)
-		ev := c.recordLocked(o, err, end)
+// begin looks at the controller's state under the lock and decides whether
+// the loop runs DoFunc now (due: the timer fired, or this is the first
+// run), waits, or exits. For a run, it sets l up and marks the controller
+// running.
+//
+//go:noinline
+func (c *Controller) begin(l *loop, due bool) action {
+	c.mu.Lock()
+	st := c.state.Load()
+	// Removal wins over every other signal, but a valid new controller
+	// still makes its first run (rule 1).
+	if st&stRemoved != 0 && (l.ranDo || c.invalid != nil) {
 		c.mu.Unlock()
+		return actExit
+	}
+	updated := st&stUpdate != 0
+	if updated {
+		l.step = 0
+	}
+	due = due || updated || st&stTrigger != 0
+	c.state.Store(st &^ (stUpdate | stTrigger))
+	l.parent = contextOrBackground(c.params.Context)
+	// Parked until an update: invalid parameters, or an ended
+	// params.Context (the first run happens regardless, rule 1).
+	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
+	if (due || park) && l.armed {
+		l.timer.Stop()
+		l.armed = false
+	}
+	if park || !due {
+		var report *ControllerParams
+		if updated && c.invalid != nil {
+			report = c.invalidParams
+		}
+		verr := c.invalid
+		c.mu.Unlock()
+		if report != nil {
+			c.reportInvalid(report, verr)
+		}
+		return actWait
+	}
+	if c.runCtx == nil {
+		c.runCtx, c.runCancel = context.WithCancel(l.parent)
+		if st&stRemoved != 0 {
+			c.runCancel()
+		}
+	}
+	l.do, l.ctx = c.params.DoFunc, c.runCtx
+	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
+	c.state.Store(stRunning | st&stRemoved)
+	c.mu.Unlock()
+	return actRun
+}
 
-		if o == outcomeFailure {
-			step++
+// reportInvalid logs invalid parameters and tells their HealthReporter,
+// from the controller's goroutine.
+func (c *Controller) reportInvalid(p *ControllerParams, verr error) {
+	c.logger().WithError(verr).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
+	if p.Health != nil {
+		c.reportHealth(p.Health, verr)
+	}
+}
+
+// afterRun records the outcome of a run (rule 3), arms the timer for the
+// next one (rule 4), and reports the run to metrics, the HealthReporter and
+// the log.
+//
+//go:noinline
+func (c *Controller) afterRun(l *loop, err error, stack []byte, start time.Time, took time.Duration) {
+	o := outcomeSuccess
+	switch {
+	case err == nil:
+	case stack != nil:
+		o = outcomeFailure // a panic is a failure, cancelled or not
+	case l.ctx.Err() != nil:
+		err, o = errContextCanceled, outcomeExit
+	case isExitReason(err):
+		o = outcomeExit
+	default:
+		o = outcomeFailure
+	}
+	if o == outcomeFailure {
+		l.step++
+	} else {
+		l.step = 0
+	}
+	end := start.Add(took).UnixNano()
+
+	c.mu.Lock()
+	c.lastRunDuration = took
+	ev := c.recordLocked(o, err, end)
+	p := &c.params
+	var jitter time.Duration
+	if p.Jitter > 0 {
+		jitter = rand.N(p.Jitter)
+	}
+	wait, timed := nextWait(o, p, l.step, jitter)
+	ev.gaveUp = o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
+	health, group := p.Health, c.group
+	c.state.Store(c.state.Load() &^ stRunning)
+	c.mu.Unlock()
+
+	if timed {
+		if l.timer == nil {
+			l.timer = time.NewTimer(wait)
 		} else {
-			step = 0
+			l.timer.Reset(wait)
 		}
-		var jitter time.Duration
-		if p.Jitter > 0 {
-			jitter = rand.N(p.Jitter)
+		l.armed = true
+	}
+	met := c.mgr.metricsOrDefault()
+	met.observeRun(group, o == outcomeFailure, took)
+	if stack != nil {
+		met.countPanic(group)
+	}
+	if health != nil {
+		if o == outcomeFailure {
+			c.reportHealth(health, err)
+		} else {
+			c.reportHealth(health, nil)
 		}
-		if d, timed := nextWait(o, &p, step, jitter); timed {
-			if timer == nil {
-				timer = time.NewTimer(d)
-			} else {
-				timer.Reset(d)
-			}
-			timerC = timer.C
-		}
+	}
+	if ev.any() || c.mgr.debugEnabled() {
+		c.logRun(o, err, ev, stack, l.step, took)
+	}
+}
 
-		c.metrics.observeRun(&gm, o == outcomeFailure, end.Sub(start).Seconds())
-		if stack != nil {
-			c.metrics.countPanic(&gm)
-		}
-		c.report(&p, o, err, ev, stack, step, end.Sub(start))
+// finish ends the loop: StopFunc (rule 7), then termination.
+//
+//go:noinline
+func (c *Controller) finish(l *loop) {
+	if l.timer != nil {
+		l.timer.Stop()
 	}
-	if timer != nil {
-		timer.Stop()
-	}
-	if ranDo {
-		c.runStopFunc(&gm)
+	if l.ranDo {
+		c.runStopFunc()
 	}
 	c.mgr.release(c)
-	close(c.terminated)
 }
 
 // runStopFunc runs the StopFunc of the newest valid parameters (rule 7).
-func (c *Controller) runStopFunc(gm *groupMetrics) {
+func (c *Controller) runStopFunc() {
 	c.mu.Lock()
-	stop := c.stopFunc
+	stop := c.params.StopFunc
 	if stop == nil {
 		c.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(c.stopParent))
+	ctx, cancel := context.WithCancel(context.WithoutCancel(contextOrBackground(c.params.Context)))
 	defer cancel()
 	c.stopCancel = cancel
 	if c.stopExpired {
@@ -411,14 +550,14 @@ func (c *Controller) runStopFunc(gm *groupMetrics) {
 	if err == nil {
 		return
 	}
-	now := time.Now()
 	c.mu.Lock()
-	c.recordFailureLocked(err, now)
-	health := c.params.Health
+	c.recordFailureLocked(err, time.Now().UnixNano())
+	health, group := c.params.Health, c.group
 	c.mu.Unlock()
-	c.metrics.countStopFailure(gm)
+	met := c.mgr.metricsOrDefault()
+	met.countStopFailure(group)
 	if stack != nil {
-		c.metrics.countPanic(gm)
+		met.countPanic(group)
 		c.logger().WithError(err).WithField("stack", string(stack)).Error("StopFunc panicked")
 	} else {
 		c.logger().WithError(err).Warn("StopFunc failed")
@@ -433,30 +572,41 @@ type runEvent struct {
 	recoveredAfter int64 // a streak of this many failures just ended
 	streakStart    bool  // the first failure of a streak
 	msgChanged     bool  // a failure within a streak, with a new message
+	gaveUp         bool  // the retry step reached MaxRetries
 }
 
-// recordLocked records the outcome of a run (rule 3).
-func (c *Controller) recordLocked(o outcome, err error, now time.Time) runEvent {
+func (ev runEvent) any() bool {
+	return ev.recoveredAfter > 0 || ev.streakStart || ev.msgChanged || ev.gaveUp
+}
+
+// recordLocked records the outcome of a run (rule 3). Parameters that
+// became invalid while the run went on stay visible as the last error.
+func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 	var ev runEvent
 	if o == outcomeFailure {
 		prev := c.lastErrMsg
 		ev.streakStart = c.consecutiveFailures == 0
 		c.recordFailureLocked(err, now)
 		ev.msgChanged = !ev.streakStart && prev != c.lastErrMsg
-		return ev
+	} else {
+		c.successCount++
+		c.lastSuccessTime = now
+		ev.recoveredAfter = c.consecutiveFailures
+		c.setConsecutiveLocked(0)
+		c.lastErr, c.lastErrMsg = nil, ""
+		if o == outcomeExit {
+			c.lastErr, c.lastErrMsg = err, err.Error()
+		}
 	}
-	c.successCount++
-	c.lastSuccessTime = now
-	ev.recoveredAfter = c.consecutiveFailures
-	c.setConsecutiveLocked(0)
-	c.lastErr, c.lastErrMsg = nil, ""
-	if o == outcomeExit {
-		c.lastErr, c.lastErrMsg = err, err.Error()
+	if c.invalid != nil {
+		ev.recoveredAfter = 0
+		c.setConsecutiveLocked(max(c.consecutiveFailures, 1))
+		c.lastErr, c.lastErrMsg = c.invalid, c.invalid.Error()
 	}
 	return ev
 }
 
-func (c *Controller) recordFailureLocked(err error, now time.Time) {
+func (c *Controller) recordFailureLocked(err error, now int64) {
 	c.failureCount++
 	c.setConsecutiveLocked(c.consecutiveFailures + 1)
 	c.lastErr, c.lastErrTime = err, now
@@ -472,15 +622,19 @@ func (c *Controller) setConsecutiveLocked(n int64) {
 	c.consecutiveFailures = n
 	if c.attached && was != (n > 0) {
 		if was {
-			c.metrics.addFailing(-1)
+			c.mgr.metricsOrDefault().addFailing(-1)
 		} else {
-			c.metrics.addFailing(1)
+			c.mgr.metricsOrDefault().addFailing(1)
 		}
 	}
 }
 
-// report logs a run and tells the HealthReporter, outside the lock.
-func (c *Controller) report(p *ControllerParams, o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
+// logRun logs what a run changed: at Debug every run, at Warn the start of
+// a failure streak and a new message within one, at Info a recovery and
+// giving up, at Error a panic (once per streak or message).
+//
+//go:noinline
+func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
 	if c.mgr.debugEnabled() {
 		c.logger().WithFields(logrus.Fields{
 			"duration": took,
@@ -498,15 +652,8 @@ func (c *Controller) report(p *ControllerParams, o outcome, err error, ev runEve
 	case ev.recoveredAfter > 0:
 		c.logger().Infof("recovered after %d consecutive failures", ev.recoveredAfter)
 	}
-	if o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && step == p.MaxRetries {
-		c.logger().WithError(err).Infof("giving up after %d failures; waiting for an update or trigger", step)
-	}
-	if p.Health != nil {
-		if o == outcomeFailure {
-			c.reportHealth(p.Health, err)
-		} else {
-			c.reportHealth(p.Health, nil)
-		}
+	if ev.gaveUp {
+		c.logger().WithError(err).Infof("giving up retrying after %d failures; next run on an update, a trigger or the RunInterval", step)
 	}
 }
 
@@ -531,7 +678,7 @@ func (c *Controller) logger() *logrus.Entry {
 	if e := c.log.Load(); e != nil {
 		return e
 	}
-	e := c.mgr.logger().WithFields(logrus.Fields{"name": c.name, "uuid": c.uuid})
+	e := c.mgr.logger().WithFields(logrus.Fields{"name": c.name, "uuid": c.UUID()})
 	if !c.log.CompareAndSwap(nil, e) {
 		e = c.log.Load()
 	}
@@ -543,15 +690,17 @@ func (c *Controller) logger() *logrus.Entry {
 func call(f ControllerFunc, ctx context.Context) (err error, stack []byte) {
 	defer func() {
 		if r := recover(); r != nil {
-			if e, ok := r.(error); ok {
-				err = fmt.Errorf("panic: %w", e)
-			} else {
-				err = fmt.Errorf("panic: %v", r)
-			}
-			stack = debug.Stack()
+			err, stack = panicError(r), debug.Stack()
 		}
 	}()
 	return f(ctx), nil
+}
+
+func panicError(r any) error {
+	if e, ok := r.(error); ok {
+		return fmt.Errorf("panic: %w", e)
+	}
+	return fmt.Errorf("panic: %v", r)
 }
 
 func contextOrBackground(ctx context.Context) context.Context {
@@ -561,15 +710,16 @@ func contextOrBackground(ctx context.Context) context.Context {
 	return ctx
 }
 
-// sameContext reports a == b without panicking on a context type that is
-// not comparable.
+// sameContext reports whether a and b are the same parent context (nil
+// being Background), without panicking on a context type that is not
+// comparable.
 func sameContext(a, b context.Context) (same bool) {
 	defer func() {
 		if recover() != nil {
 			same = false
 		}
 	}()
-	return a == b
+	return contextOrBackground(a) == contextOrBackground(b)
 }
 
 // ids hands out the random bytes of UUIDs from a buffer refilled from
@@ -577,11 +727,12 @@ func sameContext(a, b context.Context) (same bool) {
 // changes no setting of the uuid package.
 var ids struct {
 	sync.Mutex
-	buf  [16 * 64]byte
+	buf  [16 * 256]byte
 	left int // UUIDs left in buf
 }
 
-func newUUID() string {
+// newUUID writes a random (version 4) UUID in its canonical form to dst.
+func newUUID(dst *[36]byte) {
 	var u uuid.UUID
 	ids.Lock()
 	if ids.left == 0 {
@@ -593,5 +744,19 @@ func newUUID() string {
 	ids.Unlock()
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // RFC 4122 variant
-	return u.String()
+	formatUUID(dst, u)
+}
+
+// formatUUID writes u as xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+func formatUUID(dst *[36]byte, u uuid.UUID) {
+	const hexDigits = "0123456789abcdef"
+	j := 0
+	for i, b := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			dst[j] = '-'
+			j++
+		}
+		dst[j], dst[j+1] = hexDigits[b>>4], hexDigits[b&0x0f]
+		j += 2
+	}
 }

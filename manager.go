@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -24,11 +25,19 @@ import (
 type Manager struct {
 	mu          sync.Mutex
 	controllers map[string]*Controller // installed, by name
-	stopping    map[*Controller]struct{}
-	registered  bool // in the global registry (has controllers, not fake)
+	sorted      []*Controller          // controllers sorted by name; nil: to be rebuilt
+	registered  bool                   // in the global registry (has controllers, not fake)
 	fake        bool
 
-	log        logrus.FieldLogger // nil: defaultLogger
+	// Controllers removed and not yet terminated: stoppingN counts them
+	// (decremented without the lock by the terminating goroutine);
+	// stopping lists them, terminated ones included until pruned; drain
+	// is closed when stoppingN reaches 0 while someone waits.
+	stoppingN atomic.Int64
+	stopping  []*Controller
+	drain     chan struct{}
+
+	log        *logrus.Entry // nil: defaultLogger
 	metrics    *Metrics
 	metricsSet bool // metrics came from WithMetrics, nil included
 }
@@ -65,18 +74,17 @@ func WithMetrics(met *Metrics) Option {
 
 var defaultLogger = logrus.StandardLogger().WithField("subsys", "controller")
 
-func (m *Manager) logger() logrus.FieldLogger {
+func (m *Manager) logger() *logrus.Entry {
 	if m.log != nil {
 		return m.log
 	}
 	return defaultLogger
 }
 
+// debugEnabled tells whether Debug entries would be written, so the run
+// loop builds none when they would not.
 func (m *Manager) debugEnabled() bool {
-	if l, ok := m.logger().(interface{ IsLevelEnabled(logrus.Level) bool }); ok {
-		return l.IsLevelEnabled(logrus.DebugLevel)
-	}
-	return true
+	return m.logger().Logger.IsLevelEnabled(logrus.DebugLevel)
 }
 
 func (m *Manager) metricsOrDefault() *Metrics {
@@ -122,35 +130,30 @@ func (m *Manager) install(name string, params ControllerParams, update bool) (*C
 		return nil, false
 	}
 	verr := params.Validate()
+	group := m.metricsOrDefault().group(params.Group.Name)
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	c, exists := m.controllers[name]
 	switch {
 	case exists && !update:
-		m.mu.Unlock()
 		return c, false
 	case exists:
-		c.update(params, verr)
-	default:
-		c = newController(m, name, params, verr)
-		if m.controllers == nil {
-			m.controllers = make(map[string]*Controller)
-		}
-		m.controllers[name] = c
-		if !m.registered && !m.fake {
-			registry.add(m)
-			m.registered = true
-		}
-		c.metrics.addActive(1)
-		go c.run() // joined through c.terminated; see Controller.run
+		c.update(params, verr, group)
+		return c, false
 	}
-	m.mu.Unlock()
-	if verr != nil {
-		c.logger().WithError(verr).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
-		if params.Health != nil {
-			c.reportHealth(params.Health, verr)
-		}
+	c = newController(m, name, params, verr, group)
+	if m.controllers == nil {
+		m.controllers = make(map[string]*Controller)
 	}
-	return c, !exists
+	m.controllers[name] = c
+	m.sorted = nil
+	if !m.registered && !m.fake {
+		registry.add(m)
+		m.registered = true
+	}
+	m.metricsOrDefault().addActive(1)
+	go c.run() // joined through release; see Controller.run
+	return c, true
 }
 
 // TriggerController makes the named controller run DoFunc at once, keeping
@@ -191,7 +194,7 @@ func (m *Manager) RemoveController(name string) error {
 func (m *Manager) RemoveControllerAndWait(name string) error {
 	c, err := m.remove(name)
 	if err == nil {
-		<-c.terminated
+		<-c.terminationChannel()
 	}
 	return err
 }
@@ -210,14 +213,14 @@ func (m *Manager) remove(name string) (*Controller, error) {
 
 func (m *Manager) removeLocked(c *Controller) {
 	delete(m.controllers, c.name)
-	if c.fake {
-		close(c.terminated)
-		return
+	m.sorted = nil
+	if !c.fake {
+		if len(m.stopping) == cap(m.stopping) {
+			m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
+		}
+		m.stopping = append(m.stopping, c)
+		m.stoppingN.Add(1)
 	}
-	if m.stopping == nil {
-		m.stopping = make(map[*Controller]struct{})
-	}
-	m.stopping[c] = struct{}{}
 	c.remove()
 }
 
@@ -228,18 +231,48 @@ func (m *Manager) unregisterIfEmptyLocked() {
 	}
 }
 
-// release is called by a controller's goroutine once it is done.
+// release is called by a controller's goroutine once it is done, as its
+// last act.
 func (m *Manager) release(c *Controller) {
+	m.metricsOrDefault().addActive(-1)
+	c.mu.Lock()
+	c.markDoneLocked()
+	c.mu.Unlock()
+	if m.stoppingN.Add(-1) == 0 {
+		m.mu.Lock()
+		if m.stoppingN.Load() == 0 && m.drain != nil {
+			close(m.drain)
+			m.drain = nil
+		}
+		m.mu.Unlock()
+	}
+}
+
+// drained returns a channel closed once no removed controller of the
+// Manager is still stopping; nil when none is.
+func (m *Manager) drained() chan struct{} {
 	m.mu.Lock()
-	delete(m.stopping, c)
-	m.mu.Unlock()
-	c.metrics.addActive(-1)
+	defer m.mu.Unlock()
+	if m.stoppingN.Load() == 0 {
+		clear(m.stopping)
+		m.stopping = m.stopping[:0]
+		return nil
+	}
+	if m.drain == nil {
+		m.drain = make(chan struct{})
+	}
+	return m.drain
 }
 
 // RemoveAll removes every controller of the Manager without waiting, as
 // [Manager.RemoveController] does for one.
 func (m *Manager) RemoveAll() {
-	m.removeAll()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.controllers {
+		m.removeLocked(c)
+	}
+	m.unregisterIfEmptyLocked()
 }
 
 // RemoveAllAndWait removes every controller of the Manager and waits until
@@ -247,8 +280,9 @@ func (m *Manager) RemoveAll() {
 // DoFunc or StopFunc that never returns makes it wait for ever; use
 // [Manager.Shutdown] to bound the wait.
 func (m *Manager) RemoveAllAndWait() {
-	for _, c := range m.removeAll() {
-		<-c.terminated
+	m.RemoveAll()
+	if ch := m.drained(); ch != nil {
+		<-ch
 	}
 }
 
@@ -259,51 +293,34 @@ func (m *Manager) RemoveAllAndWait() {
 // controllers still running. The Manager stays usable afterwards.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = contextOrBackground(ctx)
-	waiting := m.removeAll()
-	for i, c := range waiting {
-		select {
-		case <-c.terminated:
-		case <-ctx.Done():
-			return m.expire(ctx.Err(), waiting[i:])
-		}
-	}
-	return nil
-}
-
-// expire cancels the StopFunc contexts of the controllers in cs that have
-// not terminated and returns the error of Shutdown naming them.
-func (m *Manager) expire(cause error, cs []*Controller) error {
-	var names []string
-	for _, c := range cs {
-		select {
-		case <-c.terminated:
-		default:
-			c.expireStop()
-			names = append(names, c.name)
-		}
-	}
-	if len(names) == 0 {
+	m.RemoveAll()
+	ch := m.drained()
+	if ch == nil {
 		return nil
 	}
-	slices.Sort(names)
-	return fmt.Errorf("controller: shutdown: %w; still running: %s", cause, strings.Join(names, ", "))
-}
-
-// removeAll removes every installed controller and returns them with those
-// still stopping from earlier removals.
-func (m *Manager) removeAll() []*Controller {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	cs := make([]*Controller, 0, len(m.controllers)+len(m.stopping))
-	for c := range m.stopping {
-		cs = append(cs, c)
+	var running []*Controller
+	for _, c := range m.stopping {
+		if !c.done() {
+			running = append(running, c)
+		}
 	}
-	for _, c := range m.controllers {
-		m.removeLocked(c)
-		cs = append(cs, c)
+	m.mu.Unlock()
+	names := make([]string, 0, len(running))
+	for _, c := range running {
+		c.expireStop()
+		names = append(names, c.name)
 	}
-	m.unregisterIfEmptyLocked()
-	return cs
+	if len(names) == 0 {
+		return nil // all terminated as the deadline passed
+	}
+	slices.Sort(names)
+	return fmt.Errorf("controller: shutdown: %w; still running: %s", ctx.Err(), strings.Join(names, ", "))
 }
 
 // TerminationChannel returns a channel that is closed when the named
@@ -312,9 +329,10 @@ func (m *Manager) removeAll() []*Controller {
 // close the channel.
 func (m *Manager) TerminationChannel(name string) chan struct{} {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c, ok := m.controllers[name]; ok {
-		return c.terminated
+	c, ok := m.controllers[name]
+	m.mu.Unlock()
+	if ok {
+		return c.terminationChannel()
 	}
 	ch := make(chan struct{})
 	close(ch)
@@ -325,12 +343,17 @@ func (m *Manager) TerminationChannel(name string) chan struct{} {
 // sorted by name.
 func (m *Manager) GetStatusModel() ControllerStatuses {
 	m.mu.Lock()
-	cs := make([]*Controller, 0, len(m.controllers))
-	for _, c := range m.controllers {
-		cs = append(cs, c)
+	if m.sorted == nil && len(m.controllers) > 0 {
+		// Rebuilt only after controllers came or went: a status poll of
+		// an unchanged Manager does not sort.
+		m.sorted = make([]*Controller, 0, len(m.controllers))
+		for _, c := range m.controllers {
+			m.sorted = append(m.sorted, c)
+		}
+		slices.SortFunc(m.sorted, func(a, b *Controller) int { return strings.Compare(a.name, b.name) })
 	}
+	cs := m.sorted
 	m.mu.Unlock()
-	slices.SortFunc(cs, func(a, b *Controller) int { return strings.Compare(a.name, b.name) })
 	return statusesOf(cs)
 }
 
@@ -395,7 +418,7 @@ func GetGlobalStatus() ControllerStatuses {
 		if c := strings.Compare(a.name, b.name); c != 0 {
 			return c
 		}
-		return strings.Compare(a.uuid, b.uuid)
+		return strings.Compare(a.UUID(), b.UUID())
 	})
 	return statusesOf(cs)
 }
@@ -409,19 +432,12 @@ func GetGlobalStatus() ControllerStatuses {
 func FakeManager(failingControllers int) *Manager {
 	m := &Manager{fake: true, metricsSet: true}
 	m.controllers = make(map[string]*Controller, failingControllers)
-	now := time.Now()
+	now := time.Now().UnixNano()
 	for i := range failingControllers {
 		name := fmt.Sprintf("controller-%d", i)
-		c := &Controller{
-			name:       name,
-			uuid:       fmt.Sprintf("00000000-0000-4000-8000-%012d", i),
-			mgr:        m,
-			fake:       true,
-			signal:     make(chan struct{}, 1),
-			terminated: make(chan struct{}),
-			params:     ControllerParams{DoFunc: NoopFunc},
-			runParent:  context.Background(),
-		}
+		c := &Controller{name: name, mgr: m, fake: true, signal: make(chan struct{}, 1)}
+		copy(c.uuid[:], fmt.Sprintf("00000000-0000-4000-8000-%012d", i))
+		c.params.DoFunc = NoopFunc
 		c.recordFailureLocked(errors.New("controller failed"), now)
 		m.controllers[name] = c
 	}

@@ -61,11 +61,12 @@ func TestInvalidParamsInstallAParkedController(t *testing.T) {
 		r := newRecorder()
 		c := e.m.UpdateController("c", ControllerParams{DoFunc: r.do, Health: h, RunInterval: -time.Second})
 		require.NotNil(t, c)
-		st := c.GetStatusModel().Status
+		st := c.GetStatusModel().Status // recorded before UpdateController returns
 		assert.Equal(t, int64(1), st.FailureCount)
 		assert.Equal(t, int64(1), st.ConsecutiveFailureCount)
 		assert.Equal(t, "invalid controller parameters: RunInterval must not be negative, got -1s", st.LastFailureMsg)
 		assert.ErrorIs(t, c.GetLastError(), ErrInvalidParams)
+		synctest.Wait() // the log and the HealthReporter come from the controller's goroutine
 		assert.Equal(t, []string{"invalid controller parameters; DoFunc will not run until an update brings valid ones"}, e.logs(logrus.ErrorLevel))
 		assert.Equal(t, []string{"degraded c: invalid controller parameters: RunInterval must not be negative, got -1s"}, h.all())
 		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))

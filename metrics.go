@@ -2,6 +2,8 @@ package controller
 
 import (
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -57,6 +59,9 @@ type Metrics struct {
 	// run does not hash label values.
 	runsSuccess, runsFailure prometheus.Counter
 	durSuccess, durFailure   prometheus.Observer
+
+	groupsMu sync.Mutex
+	groups   map[string]*groupHandles
 }
 
 // DefaultMetrics is used by every [Manager] created without [WithMetrics],
@@ -152,45 +157,54 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return cs
 }
 
-// groupMetrics are the per-group children a controller uses, resolved when
-// its group changes rather than on every run.
-type groupMetrics struct {
-	group          string
-	success, fail  prometheus.Counter // nil: no per-group counting
-	panics         prometheus.Counter
-	resolvedMetric *Metrics
+// groupHandles are the metrics children of one group, shared by every
+// controller of that group and resolved when a controller's parameters
+// change, so that a run does not hash label values.
+type groupHandles struct {
+	success, failure prometheus.Counter // nil: no per-group counting
+	panics           prometheus.Counter // nil: metrics off
 }
 
-// resolve points g at the children of group in m; it does nothing when they
-// are already resolved.
-func (g *groupMetrics) resolve(m *Metrics, group string) {
-	if m == nil || (g.resolvedMetric == m && g.group == group && g.panics != nil) {
-		return
+// noMetrics are the handles of a Manager whose metrics are off.
+var noMetrics = &groupHandles{}
+
+// group returns the handles of the named group.
+func (m *Metrics) group(name string) *groupHandles {
+	if m == nil {
+		return noMetrics
 	}
-	g.group, g.resolvedMetric = group, m
-	g.panics = m.panics.WithLabelValues(group)
-	g.success, g.fail = nil, nil
-	if m.groupRuns != nil && group != "" {
-		g.success = m.groupRuns.WithLabelValues(group, success)
-		g.fail = m.groupRuns.WithLabelValues(group, failure)
+	m.groupsMu.Lock()
+	defer m.groupsMu.Unlock()
+	if g, ok := m.groups[name]; ok {
+		return g
 	}
+	g := &groupHandles{panics: m.panics.WithLabelValues(name)}
+	if m.groupRuns != nil && name != "" {
+		g.success = m.groupRuns.WithLabelValues(name, success)
+		g.failure = m.groupRuns.WithLabelValues(name, failure)
+	}
+	if m.groups == nil {
+		m.groups = make(map[string]*groupHandles)
+	}
+	m.groups[name] = g
+	return g
 }
 
-// observeRun records one run that took seconds.
-func (m *Metrics) observeRun(g *groupMetrics, failed bool, seconds float64) {
+// observeRun records one DoFunc run.
+func (m *Metrics) observeRun(g *groupHandles, failed bool, took time.Duration) {
 	if m == nil {
 		return
 	}
 	if failed {
 		m.runsFailure.Inc()
-		m.durFailure.Observe(seconds)
-		if g.fail != nil {
-			g.fail.Inc()
+		m.durFailure.Observe(took.Seconds())
+		if g.failure != nil {
+			g.failure.Inc()
 		}
 		return
 	}
 	m.runsSuccess.Inc()
-	m.durSuccess.Observe(seconds)
+	m.durSuccess.Observe(took.Seconds())
 	if g.success != nil {
 		g.success.Inc()
 	}
@@ -198,17 +212,17 @@ func (m *Metrics) observeRun(g *groupMetrics, failed bool, seconds float64) {
 
 // countStopFailure records a failed StopFunc: a failure in the run counters,
 // no duration.
-func (m *Metrics) countStopFailure(g *groupMetrics) {
+func (m *Metrics) countStopFailure(g *groupHandles) {
 	if m == nil {
 		return
 	}
 	m.runsFailure.Inc()
-	if g.fail != nil {
-		g.fail.Inc()
+	if g.failure != nil {
+		g.failure.Inc()
 	}
 }
 
-func (m *Metrics) countPanic(g *groupMetrics) {
+func (m *Metrics) countPanic(g *groupHandles) {
 	if m != nil {
 		g.panics.Inc()
 	}
