@@ -115,20 +115,30 @@ func TestWaitStartsWhenDoFuncReturns(t *testing.T) {
 }
 
 // Rule 1: a controller removed before its goroutine started still runs
-// DoFunc once, with a cancelled context, and then its StopFunc.
+// DoFunc once, with a cancelled context, and then its StopFunc. The test
+// removes the controller between its installation and the start of its
+// goroutine, which the public API cannot order.
 func TestFirstRunHappensEvenWhenRemovedAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
 		var ctxErr error
 		var runs, stops int
-		e.m.UpdateController("c", ControllerParams{
+		p := ControllerParams{
 			DoFunc:   func(ctx context.Context) error { runs++; ctxErr = ctx.Err(); return nil },
 			StopFunc: func(ctx context.Context) error { stops++; return nil },
-		})
-		require.NoError(t, e.m.RemoveControllerAndWait("c"))
+		}
+		e.m.mu.Lock()
+		c := newController(e.m, "c", p, nil, e.metrics.group(""))
+		e.m.controllers = map[string]*Controller{"c": c}
+		e.metrics.addActive(1)
+		e.m.removeLocked(c)
+		e.m.mu.Unlock()
+		go c.run()
+		<-c.terminationChannel()
 		assert.Equal(t, 1, runs)
 		assert.ErrorIs(t, ctxErr, context.Canceled)
 		assert.Equal(t, 1, stops)
+		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
 	})
 }
 
@@ -869,4 +879,106 @@ func TestUUIDsAreUniqueVersion4(t *testing.T) {
 	var b [36]byte
 	newUUID(&b)
 	assert.Equal(t, 4, strings.Count(string(b[:]), "-"))
+}
+
+// Invalid parameters that arrive while DoFunc runs stay visible after the
+// run, whatever its outcome, and the HealthReporter ends on Degraded.
+func TestInvalidUpdateDuringARunStaysVisible(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		h := &healthLog{}
+		b := newBlocker()
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(0), Health: h})
+		synctest.Wait()
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(1), Health: h, RunInterval: -time.Second})
+		b.release <- struct{}{} // the running DoFunc succeeds
+		time.Sleep(time.Hour)
+		c := e.m.Lookup("c")
+		assert.Equal(t, 1, c.GetSuccessCount())
+		assert.Equal(t, 1, c.GetConsecutiveFailureCount())
+		assert.ErrorIs(t, c.GetLastError(), ErrInvalidParams)
+		assert.ErrorIs(t, e.m.Health(), ErrInvalidParams)
+		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))
+		events := h.all()
+		assert.Equal(t, "degraded c: invalid controller parameters: RunInterval must not be negative, got -1s", events[len(events)-1])
+		assert.Equal(t, []int{0}, b.params, "no run with the invalid parameters")
+		close(b.release)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// An update with invalid parameters is still an update: it cancels a
+// running DoFunc started with CancelDoFuncOnUpdate.
+func TestInvalidUpdateCancelsWithCancelDoFuncOnUpdate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		b := newBlocker()
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(0), CancelDoFuncOnUpdate: true})
+		synctest.Wait()
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(1), Jitter: -1})
+		synctest.Wait()
+		_, cancelled := b.counts()
+		assert.Equal(t, 1, cancelled)
+		close(b.release)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// A StopFunc failure counts under the newest group, even when no run
+// happened since the group changed (rule 8).
+func TestStopFuncFailureCountsInNewestGroup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		b := newBlocker()
+		stop := func(context.Context) error { return errBoom }
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(0), StopFunc: stop, Group: NewGroup("old")})
+		synctest.Wait()
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(1), StopFunc: stop, Group: NewGroup("new")})
+		require.NoError(t, e.m.RemoveController("c")) // removal wins: no run with the new group
+		close(b.release)
+		e.m.RemoveAllAndWait()
+		assert.Equal(t, []int{0}, b.params)
+		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.groupRuns.WithLabelValues("new", failure)))
+		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.groupRuns.WithLabelValues("old", failure)))
+	})
+}
+
+// Rule 7: the StopFunc context keeps params.Context's values and is not
+// cancelled, even when params.Context itself has ended.
+func TestStopFuncContextOutlivesEndedParamsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		e := newEnv(t)
+		parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+		var stopErr error
+		var stopVal any
+		e.m.UpdateController("c", ControllerParams{Context: parent, DoFunc: NoopFunc,
+			StopFunc: func(ctx context.Context) error { stopErr, stopVal = ctx.Err(), ctx.Value(key{}); return nil }})
+		synctest.Wait()
+		cancel()
+		require.NoError(t, e.m.RemoveControllerAndWait("c"))
+		assert.NoError(t, stopErr)
+		assert.Equal(t, "v", stopVal)
+	})
+}
+
+// Rule 7: when a Shutdown deadline passes while DoFunc still runs, the
+// StopFunc that runs later gets a context that is already cancelled.
+func TestStopFuncAfterShutdownDeadlineIsCancelled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		stuck := make(chan struct{})
+		var stopErr error
+		e.m.UpdateController("c", ControllerParams{
+			DoFunc:   func(context.Context) error { <-stuck; return nil },
+			StopFunc: func(ctx context.Context) error { stopErr = ctx.Err(); return nil },
+		})
+		synctest.Wait()
+		ctx, cancelCtx := context.WithTimeout(context.Background(), time.Second)
+		defer cancelCtx()
+		assert.ErrorIs(t, e.m.Shutdown(ctx), context.DeadlineExceeded)
+		close(stuck)
+		e.m.RemoveAllAndWait()
+		assert.ErrorIs(t, stopErr, context.Canceled)
+	})
 }
