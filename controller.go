@@ -32,9 +32,14 @@ type Controller struct {
 	mgr  *Manager
 	log  atomic.Pointer[logrus.Entry] // built on first use, once
 
-	// signal wakes the run loop after state or a field under mu changed.
-	// Its capacity of one coalesces wake-ups; the loop reads the state.
+	// signal wakes the run loop from an untimed wait after state or a
+	// field under mu changed. Its capacity of one coalesces wake-ups; the
+	// loop reads the state. During a timed wait (stTimed) the loop waits
+	// on timer instead, and a change resets the timer to fire at once:
+	// the loop always waits on a single channel, which is cheaper than a
+	// select.
 	signal chan struct{}
+	timer  *time.Timer // made by the loop on its first timed wait
 
 	// state holds the st* bits. It is written under mu, except for the
 	// loop's lock-free claim of a timed run (CompareAndSwap from 0).
@@ -85,6 +90,7 @@ const (
 	stTrigger                    // a trigger is pending
 	stRemoved                    // removed from its Manager
 	stDone                       // the loop and StopFunc are done
+	stTimed                      // the loop waits on timer
 )
 
 // Name returns the name the controller was installed under.
@@ -222,12 +228,12 @@ func (c *Controller) update(params ControllerParams, verr error, group *groupHan
 	c.mu.Lock()
 	c.setParamsLocked(params, verr, group)
 	c.mu.Unlock()
-	c.notify()
 }
 
 func (c *Controller) setParamsLocked(params ControllerParams, verr error, group *groupHandles) {
 	old := c.state.Load()
 	c.state.Store(old | stUpdate)
+	c.wakeLocked(old)
 	c.group = group
 	cancelRun := old&stRunning != 0 && c.cancelOnUpdate
 	if verr != nil {
@@ -250,11 +256,11 @@ func (c *Controller) trigger() {
 	c.mu.Lock()
 	old := c.state.Load()
 	c.state.Store(old | stTrigger)
+	c.wakeLocked(old)
 	if old&stRunning != 0 && c.cancelOnUpdate {
 		c.cancelRunLocked()
 	}
 	c.mu.Unlock()
-	c.notify()
 }
 
 // remove stops the controller: the running DoFunc is cancelled, no other
@@ -262,7 +268,9 @@ func (c *Controller) trigger() {
 // Manager's lock and has taken c out of the Manager.
 func (c *Controller) remove() {
 	c.mu.Lock()
-	c.state.Store(c.state.Load() | stRemoved)
+	old := c.state.Load()
+	c.state.Store(old | stRemoved)
+	c.wakeLocked(old)
 	if c.attached && c.consecutiveFailures > 0 {
 		c.mgr.metricsOrDefault().addFailing(-1)
 	}
@@ -274,7 +282,6 @@ func (c *Controller) remove() {
 		c.markDoneLocked()
 	}
 	c.mu.Unlock()
-	c.notify()
 }
 
 // expireStop cancels the StopFunc's context, now or when it starts.
@@ -318,7 +325,14 @@ func (c *Controller) cancelRunLocked() {
 	c.runCtx, c.runCancel = nil, nil
 }
 
-func (c *Controller) notify() {
+// wakeLocked wakes the loop after a state change; old is the state before
+// it. A timed wait is woken by firing the timer now, any other wait by the
+// signal channel.
+func (c *Controller) wakeLocked(old uint32) {
+	if old&stTimed != 0 {
+		c.timer.Reset(0)
+		return
+	}
 	select {
 	case c.signal <- struct{}{}:
 	default:
@@ -331,10 +345,24 @@ type loop struct {
 	do     ControllerFunc  // DoFunc of the params the next run uses
 	ctx    context.Context // its run context
 	parent context.Context // params.Context, or Background
-	timer  *time.Timer     // made on the first timed wait, then reused
-	armed  bool            // a timed wait is pending on timer
+	timed  bool            // the next wait is on the timer
 	step   int             // failures since the last success or update
 	ranDo  bool            // DoFunc ran at least once
+	anchor time.Time       // the last full clock reading, see now
+}
+
+// now returns the current time. Within a second of the last full reading
+// of the clock it reads only the monotonic clock, which costs about half,
+// and derives the wall time from the two; so a step of the wall clock shows
+// in the timestamps within a second.
+func (l *loop) now() time.Time {
+	if !l.anchor.IsZero() {
+		if d := time.Since(l.anchor); d >= 0 && d < time.Second {
+			return l.anchor.Add(d)
+		}
+	}
+	l.anchor = time.Now()
+	return l.anchor
 }
 
 // What the loop does after looking at the controller's state.
@@ -362,17 +390,16 @@ func (c *Controller) run() {
 	for {
 		fired := false
 		if !due {
-			var timerC <-chan time.Time
-			if l.armed {
-				timerC = l.timer.C
-			}
-			select {
-			case <-c.signal:
-			case <-timerC:
-				l.armed, fired = false, true
+			if l.timed {
+				<-c.timer.C
+				l.timed, fired = false, true
+			} else {
+				<-c.signal
 			}
 		}
-		if !fired || l.parent.Err() != nil || !c.state.CompareAndSwap(0, stRunning) {
+		// A timer that fired with nothing else pending is a timed run:
+		// claim it without the lock.
+		if !fired || l.parent.Err() != nil || !c.state.CompareAndSwap(stTimed, stRunning) {
 			switch c.begin(&l, due || fired) {
 			case actExit:
 				c.finish(&l)
@@ -384,7 +411,7 @@ func (c *Controller) run() {
 		}
 		due = false
 		l.ranDo = true
-		start := time.Now()
+		start := l.now()
 		err, stack := call(l.do, l.ctx)
 		c.afterRun(&l, err, stack, start, time.Since(start))
 	}
@@ -410,15 +437,12 @@ func (c *Controller) begin(l *loop, due bool) action {
 		l.step = 0
 	}
 	due = due || updated || st&stTrigger != 0
-	c.state.Store(st &^ (stUpdate | stTrigger))
+	c.state.Store(st &^ (stUpdate | stTrigger | stTimed))
+	l.timed = false
 	l.parent = contextOrBackground(c.params.Context)
 	// Parked until an update: invalid parameters, or an ended
 	// params.Context (the first run happens regardless, rule 1).
 	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
-	if (due || park) && l.armed {
-		l.timer.Stop()
-		l.armed = false
-	}
 	if park || !due {
 		var report *ControllerParams
 		if updated && c.invalid != nil {
@@ -489,17 +513,21 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, start time.Time,
 	wait, timed := nextWait(o, p, l.step, jitter)
 	ev.gaveUp = o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
 	health, group := p.Health, c.group
-	c.state.Store(c.state.Load() &^ stRunning)
+	// Arm the timer only when nothing is pending: a signal that came
+	// during the run is already in the signal channel.
+	st := c.state.Load() &^ stRunning
+	l.timed = timed && st == 0
+	if l.timed {
+		if c.timer == nil {
+			c.timer = time.NewTimer(wait)
+		} else {
+			c.timer.Reset(wait)
+		}
+		st = stTimed
+	}
+	c.state.Store(st)
 	c.mu.Unlock()
 
-	if timed {
-		if l.timer == nil {
-			l.timer = time.NewTimer(wait)
-		} else {
-			l.timer.Reset(wait)
-		}
-		l.armed = true
-	}
 	met := c.mgr.metricsOrDefault()
 	met.observeRun(group, o == outcomeFailure, took)
 	if stack != nil {
@@ -521,9 +549,11 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, start time.Time,
 //
 //go:noinline
 func (c *Controller) finish(l *loop) {
-	if l.timer != nil {
-		l.timer.Stop()
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
+	c.mu.Unlock()
 	if l.ranDo {
 		c.runStopFunc()
 	}

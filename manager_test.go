@@ -77,7 +77,7 @@ func TestInvalidParamsInstallAParkedController(t *testing.T) {
 		assert.True(t, e.m.TriggerController("c"))
 		synctest.Wait()
 		assert.Zero(t, r.count(), "no run, no retry, no busy loop")
-		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.runsSuccess)+testutil.ToFloat64(e.metrics.runsFailure), "no run counted")
+		assert.Equal(t, 0.0, e.metrics.runsTotal(runSuccess)+e.metrics.runsTotal(runFailure), "no run counted")
 
 		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, Health: h})
 		synctest.Wait()
@@ -450,12 +450,12 @@ func TestMetricsOptions(t *testing.T) {
 	})
 	t.Run("WithMetrics(nil) turns metrics off", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			before := testutil.ToFloat64(DefaultMetrics.runsFailure)
+			before := DefaultMetrics.runsTotal(runFailure)
 			m := NewManager(WithMetrics(nil), WithLogger(quietLogger()))
 			m.UpdateController("c", ControllerParams{DoFunc: func(context.Context) error { panic("x") }})
 			synctest.Wait()
 			m.RemoveAllAndWait()
-			assert.Equal(t, before, testutil.ToFloat64(DefaultMetrics.runsFailure))
+			assert.Equal(t, before, DefaultMetrics.runsTotal(runFailure))
 		})
 	})
 }

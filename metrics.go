@@ -2,7 +2,10 @@ package controller
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,21 +51,67 @@ type MetricsOpts struct {
 // status is "success" or "failure". When several Managers share a Metrics,
 // each gauge is their sum. A nil *Metrics records nothing.
 type Metrics struct {
-	runs        *prometheus.CounterVec
-	runDuration *prometheus.HistogramVec
-	groupRuns   *prometheus.CounterVec // nil when DisableGroupMetrics
-	failing     prometheus.Gauge
-	active      prometheus.Gauge
-	panics      *prometheus.CounterVec
+	// Run counts and durations are kept in runStats rather than in a
+	// prometheus.HistogramVec and CounterVec: one run then costs one
+	// bucket increment and one add to the sum, and the collector derives
+	// controllers_runs_total from the bucket counts when scraped.
+	runs        [2]runStats // by runStatus
+	runsDesc    *prometheus.Desc
+	runDuration *prometheus.Desc
+	upperNanos  []int64   // bucket upper bounds in nanoseconds, rounded down
+	upper       []float64 // the same in seconds, as given
 
-	// The children the run loop touches on every run, resolved once so a
-	// run does not hash label values.
-	runsSuccess, runsFailure prometheus.Counter
-	durSuccess, durFailure   prometheus.Observer
+	groupRuns *prometheus.CounterVec // nil when DisableGroupMetrics
+	failing   prometheus.Gauge
+	active    prometheus.Gauge
+	panics    *prometheus.CounterVec
 
 	groupsMu sync.Mutex
 	groups   map[string]*groupHandles
 }
+
+// runStats are the runs of one status: a count per duration bucket (the
+// last one unbounded), the sum of the durations, and failed StopFuncs,
+// which count as runs without a duration.
+type runStats struct {
+	buckets  []atomic.Uint64
+	sumBits  atomic.Uint64 // float64 seconds
+	noDurRun atomic.Uint64
+}
+
+func (s *runStats) observe(m *Metrics, took time.Duration) {
+	i := 0
+	for i < len(m.upperNanos) && int64(took) > m.upperNanos[i] {
+		i++
+	}
+	s.buckets[i].Add(1)
+	for {
+		old := s.sumBits.Load()
+		if s.sumBits.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+took.Seconds())) {
+			return
+		}
+	}
+}
+
+// snapshot returns the cumulative bucket counts, their total and the sum.
+func (s *runStats) snapshot(upper []float64) (cumulative map[float64]uint64, count uint64, sum float64) {
+	cumulative = make(map[float64]uint64, len(upper))
+	for i := range s.buckets {
+		count += s.buckets[i].Load()
+		if i < len(upper) {
+			cumulative[upper[i]] = count
+		}
+	}
+	return cumulative, count, math.Float64frombits(s.sumBits.Load())
+}
+
+// Index of runStats by status.
+const (
+	runSuccess = 0
+	runFailure = 1
+)
+
+var statusNames = [2]string{runSuccess: success, runFailure: failure}
 
 // DefaultMetrics is used by every [Manager] created without [WithMetrics],
 // the zero Manager included. Nothing is registered until the program
@@ -87,24 +136,24 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 	if buckets == nil {
 		buckets = prometheus.DefBuckets
 	}
-	for i := 1; i < len(buckets); i++ {
-		if !(buckets[i] > buckets[i-1]) {
+	for i := range buckets {
+		if i > 0 && !(buckets[i] > buckets[i-1]) || math.IsNaN(buckets[i]) {
 			panic(fmt.Sprintf("controller: NewMetrics: MetricsOpts.DurationBuckets must be strictly increasing, got %v", buckets))
 		}
 	}
+	if n := len(buckets); n > 0 && math.IsInf(buckets[n-1], +1) {
+		buckets = buckets[:n-1] // +Inf is always there
+	}
 	ns, cl := opts.Namespace, opts.ConstLabels
 	m := &Metrics{
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, ConstLabels: cl,
-			Name: "controllers_runs_total",
-			Help: "Number of controller runs (DoFunc calls, and failed StopFunc calls), by outcome.",
-		}, []string{labelStatus}),
-		runDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, ConstLabels: cl,
-			Name:    "controllers_runs_duration_seconds",
-			Help:    "Duration of controller runs (DoFunc calls) in seconds, by outcome.",
-			Buckets: buckets,
-		}, []string{labelStatus}),
+		upper:      slices.Clone(buckets),
+		upperNanos: make([]int64, len(buckets)),
+		runsDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_runs_total"),
+			"Number of controller runs (DoFunc calls, and failed StopFunc calls), by outcome.",
+			[]string{labelStatus}, cl),
+		runDuration: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_runs_duration_seconds"),
+			"Duration of controller runs (DoFunc calls) in seconds, by outcome.",
+			[]string{labelStatus}, cl),
 		failing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, ConstLabels: cl,
 			Name: "controllers_failing",
@@ -121,6 +170,12 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 			Help: "Number of panics recovered from controllers' DoFunc and StopFunc, by group.",
 		}, []string{labelGroup}),
 	}
+	for i, b := range buckets {
+		m.upperNanos[i] = durationFloor(b)
+	}
+	for i := range m.runs {
+		m.runs[i].buckets = make([]atomic.Uint64, len(buckets)+1)
+	}
 	if !opts.DisableGroupMetrics {
 		m.groupRuns = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, ConstLabels: cl,
@@ -128,15 +183,26 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 			Help: "Number of controller runs by group and outcome.",
 		}, []string{labelGroup, labelStatus})
 	}
-	m.runsSuccess = m.runs.WithLabelValues(success)
-	m.runsFailure = m.runs.WithLabelValues(failure)
-	m.durSuccess = m.runDuration.WithLabelValues(success)
-	m.durFailure = m.runDuration.WithLabelValues(failure)
 	return m
+}
+
+// durationFloor returns the largest duration in nanoseconds that is not
+// above the bound of s seconds, saturating at the ends of int64.
+func durationFloor(s float64) int64 {
+	ns := math.Floor(s * 1e9)
+	switch {
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	case ns <= math.MinInt64:
+		return math.MinInt64
+	}
+	return int64(ns)
 }
 
 // Describe implements [prometheus.Collector].
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.runsDesc
+	ch <- m.runDuration
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
@@ -144,17 +210,29 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements [prometheus.Collector].
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for i := range m.runs {
+		buckets, count, sum := m.runs[i].snapshot(m.upper)
+		ch <- prometheus.MustNewConstMetric(m.runsDesc, prometheus.CounterValue,
+			float64(count+m.runs[i].noDurRun.Load()), statusNames[i])
+		ch <- prometheus.MustNewConstHistogram(m.runDuration, count, sum, buckets, statusNames[i])
+	}
 	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{m.runs, m.runDuration, m.failing, m.active, m.panics}
+	cs := []prometheus.Collector{m.failing, m.active, m.panics}
 	if m.groupRuns != nil {
 		cs = append(cs, m.groupRuns)
 	}
 	return cs
+}
+
+// runsTotal returns controllers_runs_total for one status.
+func (m *Metrics) runsTotal(status int) float64 {
+	_, count, _ := m.runs[status].snapshot(m.upper)
+	return float64(count + m.runs[status].noDurRun.Load())
 }
 
 // groupHandles are the metrics children of one group, shared by every
@@ -196,15 +274,13 @@ func (m *Metrics) observeRun(g *groupHandles, failed bool, took time.Duration) {
 		return
 	}
 	if failed {
-		m.runsFailure.Inc()
-		m.durFailure.Observe(took.Seconds())
+		m.runs[runFailure].observe(m, took)
 		if g.failure != nil {
 			g.failure.Inc()
 		}
 		return
 	}
-	m.runsSuccess.Inc()
-	m.durSuccess.Observe(took.Seconds())
+	m.runs[runSuccess].observe(m, took)
 	if g.success != nil {
 		g.success.Inc()
 	}
@@ -216,7 +292,7 @@ func (m *Metrics) countStopFailure(g *groupHandles) {
 	if m == nil {
 		return
 	}
-	m.runsFailure.Inc()
+	m.runs[runFailure].noDurRun.Add(1)
 	if g.failure != nil {
 		g.failure.Inc()
 	}
