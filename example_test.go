@@ -17,8 +17,11 @@ import (
 // that run.
 type healthSignal chan error
 
-func (h healthSignal) OK(string)                  { h <- nil }
-func (h healthSignal) Degraded(_ string, e error) { h <- e }
+// OK passes on a success.
+func (h healthSignal) OK(string) { h <- nil }
+
+// Degraded passes on a failure.
+func (h healthSignal) Degraded(_ string, err error) { h <- err }
 
 // A controller calls its DoFunc until it succeeds. Here the store refuses
 // the first two writes; the retries come after 1ms and 2ms.

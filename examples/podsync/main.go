@@ -294,7 +294,10 @@ type closeOnOK struct {
 	ch   chan struct{}
 }
 
-func (c *closeOnOK) OK(string)              { c.once.Do(func() { close(c.ch) }) }
+// OK closes the channel, the first time.
+func (c *closeOnOK) OK(string) { c.once.Do(func() { close(c.ch) }) }
+
+// Degraded does nothing: a failed run is retried.
 func (c *closeOnOK) Degraded(string, error) {}
 
 func newPodController(inf *informer, prov *provider, logf func(string, ...any), opts ...controller.Option) *podController {
