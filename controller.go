@@ -29,8 +29,13 @@ type Controller struct {
 
 	name string
 	uuid [36]byte // immutable; UUID() views it as a string
-	mgr  *Manager
-	log  atomic.Pointer[logrus.Entry] // built on first use, once
+
+	// state holds the st* bits. It is written under mu, except for the
+	// loop's lock-free claim of a timed run (CompareAndSwap).
+	state atomic.Uint32
+
+	mgr *Manager
+	log atomic.Pointer[logrus.Entry] // built on first use, once
 
 	// signal wakes the run loop from an untimed wait after state or a
 	// field under mu changed. Its capacity of one coalesces wake-ups; the
@@ -41,28 +46,22 @@ type Controller struct {
 	signal chan struct{}
 	timer  *time.Timer // made by the loop on its first timed wait
 
-	// state holds the st* bits. It is written under mu, except for the
-	// loop's lock-free claim of a timed run (CompareAndSwap from 0).
-	state atomic.Uint32
-
 	mu sync.Mutex
 
 	// params are the newest valid parameters: what runs, what StopFunc
 	// and the run context come from. When the newest parameters are
-	// invalid, they are kept in invalidParams and invalid holds the
-	// validation error; DoFunc does not run until an update repairs them.
-	params        ControllerParams
-	invalid       error
-	invalidParams *ControllerParams
-	group         *groupHandles // metrics children of the newest group
+	// invalid, invalid holds them with the validation error; DoFunc does
+	// not run until an update repairs them.
+	params  ControllerParams
+	invalid *invalidParams
+	group   *groupHandles // metrics children of the newest group
 
 	// The run context (rule 2): derived from params.Context, replaced
 	// lazily by the loop after it was cancelled for an update or trigger
-	// (then runCtx is nil).
+	// (then runCtx is nil). Once the loop has ended, runCancel cancels the
+	// StopFunc's context instead.
 	runCtx    context.Context
 	runCancel context.CancelFunc
-	// stopCancel cancels the running StopFunc's context.
-	stopCancel context.CancelFunc
 	// terminated is made on demand and closed once the loop and the
 	// StopFunc are done (stDone).
 	terminated chan struct{}
@@ -81,6 +80,13 @@ type Controller struct {
 	attached       bool // installed: counted in controllers_failing while failing
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
 	fake           bool // made by FakeManager: no goroutine
+}
+
+// invalidParams are parameters that failed validation, kept for the
+// status.
+type invalidParams struct {
+	err    error
+	params ControllerParams
 }
 
 // Bits of Controller.state.
@@ -184,8 +190,8 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
-	if c.invalidParams != nil {
-		p = c.invalidParams
+	if c.invalid != nil {
+		p = &c.invalid.params
 	}
 	*cfg = ControllerStatusConfiguration{
 		ErrorRetry:       !p.NoErrorRetry,
@@ -237,14 +243,13 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 	c.group = group
 	cancelRun := old&stRunning != 0 && c.cancelOnUpdate
 	if verr != nil {
-		p := params
-		c.invalid, c.invalidParams = verr, &p
+		c.invalid = &invalidParams{err: verr, params: params}
 		c.recordFailureLocked(verr, time.Now().UnixNano())
 	} else {
 		if !sameContext(params.Context, c.params.Context) {
 			cancelRun = true
 		}
-		c.params, c.invalid, c.invalidParams = params, nil, nil
+		c.params, c.invalid = params, nil
 	}
 	if cancelRun {
 		c.cancelRunLocked()
@@ -288,8 +293,8 @@ func (c *Controller) remove() {
 func (c *Controller) expireStop() {
 	c.mu.Lock()
 	c.stopExpired = true
-	if c.stopCancel != nil {
-		c.stopCancel()
+	if c.runCancel != nil {
+		c.runCancel() // the run context, or the StopFunc's once it runs
 	}
 	c.mu.Unlock()
 }
@@ -444,14 +449,13 @@ func (c *Controller) begin(l *loop, due bool) action {
 	// params.Context (the first run happens regardless, rule 1).
 	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
 	if park || !due {
-		var report *ControllerParams
-		if updated && c.invalid != nil {
-			report = c.invalidParams
+		var report *invalidParams
+		if updated {
+			report = c.invalid
 		}
-		verr := c.invalid
 		c.mu.Unlock()
 		if report != nil {
-			c.reportInvalid(report, verr)
+			c.reportInvalid(report)
 		}
 		return actWait
 	}
@@ -470,10 +474,10 @@ func (c *Controller) begin(l *loop, due bool) action {
 
 // reportInvalid logs invalid parameters and tells their HealthReporter,
 // from the controller's goroutine.
-func (c *Controller) reportInvalid(p *ControllerParams, verr error) {
-	c.logger().WithError(verr).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
-	if p.Health != nil {
-		c.reportHealth(p.Health, verr)
+func (c *Controller) reportInvalid(inv *invalidParams) {
+	c.logger().WithError(inv.err).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
+	if inv.params.Health != nil {
+		c.reportHealth(inv.params.Health, inv.err)
 	}
 }
 
@@ -570,7 +574,7 @@ func (c *Controller) runStopFunc() {
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(contextOrBackground(c.params.Context)))
 	defer cancel()
-	c.stopCancel = cancel
+	c.runCtx, c.runCancel = ctx, cancel
 	if c.stopExpired {
 		cancel()
 	}
@@ -631,7 +635,7 @@ func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 	if c.invalid != nil {
 		ev.recoveredAfter = 0
 		c.setConsecutiveLocked(max(c.consecutiveFailures, 1))
-		c.lastErr, c.lastErrMsg = c.invalid, c.invalid.Error()
+		c.lastErr, c.lastErrMsg = c.invalid.err, c.invalid.err.Error()
 	}
 	return ev
 }
