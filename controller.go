@@ -350,24 +350,35 @@ type loop struct {
 	do     ControllerFunc  // DoFunc of the params the next run uses
 	ctx    context.Context // its run context
 	parent context.Context // params.Context, or Background
+	ends   bool            // parent can end (its Done is not nil)
 	timed  bool            // the next wait is on the timer
 	step   int             // failures since the last success or update
 	ranDo  bool            // DoFunc ran at least once
-	anchor time.Time       // the last full clock reading, see now
+
+	// The clock: anchor is the last full reading (wall and monotonic),
+	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
+	// monotonic offsets from it, see offset.
+	anchor   time.Time
+	anchorNs int64
+
+	// lastFailure is the error of the last failed run, to recognise the
+	// same error returned again without classifying it anew.
+	lastFailure error
 }
 
-// now returns the current time. Within a second of the last full reading
-// of the clock it reads only the monotonic clock, which costs about half,
-// and derives the wall time from the two; so a step of the wall clock shows
-// in the timestamps within a second.
-func (l *loop) now() time.Time {
-	if !l.anchor.IsZero() {
+// offset returns the time since the anchor, reading only the monotonic
+// clock (about half the cost of a full reading). It renews the anchor when
+// that is a second old, so a step of the wall clock shows in the recorded
+// timestamps within a second (or one run).
+func (l *loop) offset() time.Duration {
+	if l.anchorNs != 0 {
 		if d := time.Since(l.anchor); d >= 0 && d < time.Second {
-			return l.anchor.Add(d)
+			return d
 		}
 	}
 	l.anchor = time.Now()
-	return l.anchor
+	l.anchorNs = l.anchor.UnixNano()
+	return 0
 }
 
 // What the loop does after looking at the controller's state.
@@ -404,7 +415,7 @@ func (c *Controller) run() {
 		}
 		// A timer that fired with nothing else pending is a timed run:
 		// claim it without the lock.
-		if !fired || l.parent.Err() != nil || !c.state.CompareAndSwap(stTimed, stRunning) {
+		if !fired || (l.ends && l.parent.Err() != nil) || !c.state.CompareAndSwap(stTimed, stRunning) {
 			switch c.begin(&l, due || fired) {
 			case actExit:
 				c.finish(&l)
@@ -416,9 +427,10 @@ func (c *Controller) run() {
 		}
 		due = false
 		l.ranDo = true
-		start := l.now()
+		start := l.offset()
 		err, stack := call(l.do, l.ctx)
-		c.afterRun(&l, err, stack, start, time.Since(start))
+		end := time.Since(l.anchor)
+		c.afterRun(&l, err, stack, end-start, l.anchorNs+int64(end))
 	}
 }
 
@@ -445,6 +457,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 	c.state.Store(st &^ (stUpdate | stTrigger | stTimed))
 	l.timed = false
 	l.parent = contextOrBackground(c.params.Context)
+	l.ends = l.parent.Done() != nil
 	// Parked until an update: invalid parameters, or an ended
 	// params.Context (the first run happens regardless, rule 1).
 	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
@@ -486,7 +499,7 @@ func (c *Controller) reportInvalid(inv *invalidParams) {
 // the log.
 //
 //go:noinline
-func (c *Controller) afterRun(l *loop, err error, stack []byte, start time.Time, took time.Duration) {
+func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
 	o := outcomeSuccess
 	switch {
 	case err == nil:
@@ -494,6 +507,8 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, start time.Time,
 		o = outcomeFailure // a panic is a failure, cancelled or not
 	case l.ctx.Err() != nil:
 		err, o = errContextCanceled, outcomeExit
+	case identical(err, l.lastFailure):
+		o = outcomeFailure
 	case isExitReason(err):
 		o = outcomeExit
 	default:
@@ -501,10 +516,11 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, start time.Time,
 	}
 	if o == outcomeFailure {
 		l.step++
+		l.lastFailure = err
 	} else {
 		l.step = 0
+		l.lastFailure = nil
 	}
-	end := start.Add(took).UnixNano()
 
 	c.mu.Lock()
 	c.lastRunDuration = took
@@ -643,10 +659,18 @@ func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 func (c *Controller) recordFailureLocked(err error, now int64) {
 	c.failureCount++
 	c.setConsecutiveLocked(c.consecutiveFailures + 1)
-	c.lastErr, c.lastErrTime = err, now
-	if msg := err.Error(); msg != c.lastErrMsg {
-		c.lastErrMsg = msg
+	if !identical(err, c.lastErr) {
+		c.lastErrMsg = err.Error()
 	}
+	c.lastErr, c.lastErrTime = err, now
+}
+
+// identical reports whether a and b are the very same error value: the same
+// dynamic type and the same pointer. Unlike ==, it never panics on an
+// incomparable type, and it says false for equal values stored apart; it is
+// only used to skip work whose result would be the same.
+func identical(a, b error) bool {
+	return a != nil && *(*[2]unsafe.Pointer)(unsafe.Pointer(&a)) == *(*[2]unsafe.Pointer)(unsafe.Pointer(&b))
 }
 
 // setConsecutiveLocked keeps controllers_failing in step with the failing

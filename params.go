@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"time"
 )
 
@@ -220,10 +221,14 @@ func saturatingMul(d time.Duration, n int) time.Duration {
 	if d <= 0 || n <= 0 {
 		return 0
 	}
-	if int64(d) > int64(maxDuration)/int64(n) {
+	// The high word of the 128-bit product tells an overflow without a
+	// division, which would cost more than the rest of the run's
+	// bookkeeping.
+	hi, lo := bits.Mul64(uint64(d), uint64(n))
+	if hi != 0 || lo > uint64(maxDuration) {
 		return maxDuration
 	}
-	return d * time.Duration(n)
+	return time.Duration(lo)
 }
 
 func saturatingAdd(a, b time.Duration) time.Duration {
