@@ -214,6 +214,11 @@ func (m *Manager) remove(name string) (*Controller, error) {
 func (m *Manager) removeLocked(c *Controller) {
 	delete(m.controllers, c.name)
 	m.sorted = nil
+	m.stopLocked(c)
+}
+
+// stopLocked stops c, which the caller has taken out of m.controllers.
+func (m *Manager) stopLocked(c *Controller) {
 	if !c.fake {
 		if len(m.stopping) == cap(m.stopping) {
 			m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
@@ -269,8 +274,12 @@ func (m *Manager) drained() chan struct{} {
 func (m *Manager) RemoveAll() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, c := range m.controllers {
-		m.removeLocked(c)
+	// Take the whole map rather than deleting its entries one by one.
+	cs := m.controllers
+	m.controllers, m.sorted = nil, nil
+	m.stopping = slices.Grow(m.stopping, len(cs))
+	for _, c := range cs {
+		m.stopLocked(c)
 	}
 	m.unregisterIfEmptyLocked()
 }
