@@ -42,7 +42,16 @@ type Manager struct {
 	metricsSet bool // metrics came from WithMetrics, nil included
 }
 
-// Option configures a Manager made by [NewManager].
+// Option configures a Manager made by [NewManager]. An Option may also be
+// applied to a Manager embedded by value, before its first use:
+//
+//	type Endpoint struct {
+//		controller.Manager
+//	}
+//
+//	ep := &Endpoint{}
+//	controller.WithLogger(logger)(&ep.Manager)
+//	controller.WithMetrics(metrics)(&ep.Manager)
 type Option func(*Manager)
 
 // NewManager returns a Manager configured by opts. Without options it is the
