@@ -230,7 +230,7 @@ func (m *Manager) removeLocked(c *Controller) {
 func (m *Manager) stopLocked(c *Controller) {
 	if !c.fake {
 		if len(m.stopping) == cap(m.stopping) {
-			m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
+			m.pruneStoppingLocked()
 		}
 		m.stopping = append(m.stopping, c)
 		m.stoppingN.Add(1)
@@ -262,14 +262,23 @@ func (m *Manager) release(c *Controller) {
 	}
 }
 
+// pruneStoppingLocked drops terminated controllers from m.stopping, so it
+// does not keep them from the garbage collector.
+func (m *Manager) pruneStoppingLocked() {
+	if m.stoppingN.Load() == 0 {
+		m.stopping = nil
+		return
+	}
+	m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
+}
+
 // drained returns a channel closed once no removed controller of the
 // Manager is still stopping; nil when none is.
 func (m *Manager) drained() chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stoppingN.Load() == 0 {
-		clear(m.stopping)
-		m.stopping = m.stopping[:0]
+		m.stopping = nil
 		return nil
 	}
 	if m.drain == nil {
@@ -286,9 +295,21 @@ func (m *Manager) RemoveAll() {
 	// Take the whole map rather than deleting its entries one by one.
 	cs := m.controllers
 	m.controllers, m.sorted = nil, nil
+	m.pruneStoppingLocked()
 	m.stopping = slices.Grow(m.stopping, len(cs))
-	for _, c := range cs {
-		m.stopLocked(c)
+	if m.fake {
+		for _, c := range cs {
+			m.stopLocked(c) // its fake controllers are not counted as stopping
+		}
+	} else {
+		// Counted once, not once per controller: the goroutines that
+		// terminate meanwhile decrement the same counter from the other
+		// cores.
+		m.stoppingN.Add(int64(len(cs)))
+		for _, c := range cs {
+			m.stopping = append(m.stopping, c)
+			c.remove()
+		}
 	}
 	m.unregisterIfEmptyLocked()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -543,5 +544,33 @@ func TestStatusModelIsSortedByName(t *testing.T) {
 		assert.Equal(t, []string{"a", "b", "m", "z"}, names)
 		e.m.RemoveAll()
 		e.m.RemoveAllAndWait()
+	})
+}
+
+// A Manager does not keep terminated controllers reachable, however often
+// it removes them without waiting.
+func TestRemovedControllersAreReleased(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		for round := range 50 {
+			for i := range 10 {
+				e.m.UpdateController(fmt.Sprintf("c%d", i), ControllerParams{DoFunc: NoopFunc})
+			}
+			synctest.Wait()
+			if round%2 == 0 {
+				e.m.RemoveAll()
+			} else {
+				for i := range 10 {
+					require.NoError(t, e.m.RemoveController(fmt.Sprintf("c%d", i)))
+				}
+			}
+			synctest.Wait()
+		}
+		e.m.mu.Lock()
+		held := len(e.m.stopping)
+		e.m.mu.Unlock()
+		assert.LessOrEqual(t, held, 20, "terminated controllers still referenced")
+		e.m.RemoveAllAndWait()
+		assert.Nil(t, e.m.stopping)
 	})
 }
