@@ -58,10 +58,13 @@ type Controller struct {
 
 	// The run context (rule 2): derived from params.Context, replaced
 	// lazily by the loop after it was cancelled for an update or trigger
-	// (then runCtx is nil). Once the loop has ended, runCancel cancels the
-	// StopFunc's context instead.
+	// (then runCtx is nil). It is a *runContext when params.Context is nil
+	// or Background, the first one being rctx; otherwise it comes from
+	// context.WithCancel and runCancel cancels it. Once the loop has
+	// ended, they hold the StopFunc's context instead.
 	runCtx    context.Context
 	runCancel context.CancelFunc
+	rctx      runContext
 	// terminated is made on demand and closed once the loop and the
 	// StopFunc are done (stDone).
 	terminated chan struct{}
@@ -80,6 +83,7 @@ type Controller struct {
 	attached       bool // installed: counted in controllers_failing while failing
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
 	fake           bool // made by FakeManager: no goroutine
+	rctxUsed       bool // rctx has served as a run context
 }
 
 // invalidParams are parameters that failed validation, kept for the
@@ -280,9 +284,7 @@ func (c *Controller) remove() {
 		c.mgr.metricsOrDefault().addFailing(-1)
 	}
 	c.attached = false
-	if c.runCancel != nil {
-		c.runCancel()
-	}
+	c.cancelRunCtxLocked()
 	if c.fake {
 		c.markDoneLocked()
 	}
@@ -293,9 +295,7 @@ func (c *Controller) remove() {
 func (c *Controller) expireStop() {
 	c.mu.Lock()
 	c.stopExpired = true
-	if c.runCancel != nil {
-		c.runCancel() // the run context, or the StopFunc's once it runs
-	}
+	c.cancelRunCtxLocked() // the run context, or the StopFunc's once it runs
 	c.mu.Unlock()
 }
 
@@ -324,10 +324,32 @@ func (c *Controller) markDoneLocked() {
 }
 
 func (c *Controller) cancelRunLocked() {
-	if c.runCancel != nil {
-		c.runCancel()
-	}
+	c.cancelRunCtxLocked()
 	c.runCtx, c.runCancel = nil, nil
+}
+
+// cancelRunCtxLocked cancels the current run context, if any.
+func (c *Controller) cancelRunCtxLocked() {
+	switch {
+	case c.runCancel != nil:
+		c.runCancel()
+	case c.runCtx != nil:
+		c.runCtx.(*runContext).cancel()
+	}
+}
+
+// newRunCtxLocked makes the run context for a run under parent.
+func (c *Controller) newRunCtxLocked(parent context.Context) {
+	if parent != context.Background() {
+		c.runCtx, c.runCancel = context.WithCancel(parent)
+		return
+	}
+	rc := &c.rctx
+	if c.rctxUsed {
+		rc = new(runContext) // replaced after CancelDoFuncOnUpdate: rare
+	}
+	c.rctxUsed = true
+	c.runCtx, c.runCancel = rc, nil
 }
 
 // wakeLocked wakes the loop after a state change; old is the state before
@@ -473,9 +495,9 @@ func (c *Controller) begin(l *loop, due bool) action {
 		return actWait
 	}
 	if c.runCtx == nil {
-		c.runCtx, c.runCancel = context.WithCancel(l.parent)
+		c.newRunCtxLocked(l.parent)
 		if st&stRemoved != 0 {
-			c.runCancel()
+			c.cancelRunCtxLocked()
 		}
 	}
 	l.do, l.ctx = c.params.DoFunc, c.runCtx
@@ -818,3 +840,69 @@ func formatUUID(dst *[36]byte, u uuid.UUID) {
 		j += 2
 	}
 }
+
+// runContext is the run context of a controller whose params.Context is
+// nil or Background: a cancellable context that costs no allocation while
+// DoFunc only asks Err. The first call that needs more (Done, Value) makes
+// a context.WithCancel and delegates to it from then on, so children,
+// context.Cause and context.AfterFunc work through the standard machinery,
+// with no goroutine.
+type runContext struct {
+	mu          sync.Mutex
+	cancelled   bool
+	inner       context.Context // made on demand
+	cancelInner context.CancelFunc
+}
+
+func (r *runContext) innerCtx() context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inner == nil {
+		r.inner, r.cancelInner = context.WithCancel(context.Background())
+		if r.cancelled {
+			r.cancelInner()
+		}
+	}
+	return r.inner
+}
+
+func (r *runContext) cancel() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cancelled = true
+	if r.cancelInner != nil {
+		r.cancelInner()
+	}
+}
+
+// Deadline implements [context.Context]: a run context has none.
+func (r *runContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Done implements [context.Context].
+func (r *runContext) Done() <-chan struct{} { return r.innerCtx().Done() }
+
+// Err implements [context.Context].
+func (r *runContext) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancelled {
+		return context.Canceled
+	}
+	return nil
+}
+
+// Value implements [context.Context]. It carries no values of its own; it
+// answers for the context it delegates to once that exists, which is how
+// the context package finds it to attach children and causes.
+func (r *runContext) Value(key any) any {
+	r.mu.Lock()
+	inner := r.inner
+	r.mu.Unlock()
+	if inner == nil {
+		return nil
+	}
+	return inner.Value(key)
+}
+
+// String names the context in debugging output.
+func (r *runContext) String() string { return "controller.runContext" }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -980,5 +981,91 @@ func TestStopFuncAfterShutdownDeadlineIsCancelled(t *testing.T) {
 		close(stuck)
 		e.m.RemoveAllAndWait()
 		assert.ErrorIs(t, stopErr, context.Canceled)
+	})
+}
+
+// Without params.Context, DoFunc's context behaves as a context.WithCancel
+// of Background would: no deadline or values, cancelled on removal, and
+// children, AfterFunc and Cause work, whether Done was asked before the
+// cancellation or not.
+func TestRunContextWithoutParent(t *testing.T) {
+	for _, doneFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("Done asked first: %v", doneFirst), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				type key struct{}
+				e := newEnv(t)
+				var ctx, child context.Context
+				var cancelChild context.CancelFunc
+				var afterRan atomic.Bool
+				e.m.UpdateController("c", ControllerParams{DoFunc: func(c context.Context) error {
+					ctx = c
+					if doneFirst {
+						child, cancelChild = context.WithCancel(c)
+						context.AfterFunc(c, func() { afterRan.Store(true) })
+					}
+					return nil
+				}})
+				synctest.Wait()
+				require.NotNil(t, ctx)
+				assert.NoError(t, ctx.Err())
+				_, has := ctx.Deadline()
+				assert.False(t, has)
+				assert.Nil(t, ctx.Value(key{}))
+				assert.Equal(t, "controller.runContext", fmt.Sprint(ctx))
+				require.NoError(t, e.m.RemoveControllerAndWait("c"))
+
+				assert.ErrorIs(t, ctx.Err(), context.Canceled)
+				assert.ErrorIs(t, context.Cause(ctx), context.Canceled)
+				select {
+				case <-ctx.Done():
+				default:
+					t.Fatal("Done is not closed after removal")
+				}
+				if doneFirst {
+					assert.ErrorIs(t, child.Err(), context.Canceled, "the child was cancelled with its parent")
+					cancelChild()
+					synctest.Wait()
+					assert.True(t, afterRan.Load())
+				}
+			})
+		})
+	}
+}
+
+// A child derived from DoFunc's context costs no goroutine: the context
+// package attaches it directly.
+func TestRunContextChildrenStartNoGoroutine(t *testing.T) {
+	m := benchManager(t)
+	var before, after int
+	done := make(chan struct{})
+	m.UpdateController("c", ControllerParams{DoFunc: func(ctx context.Context) error {
+		before = runtime.NumGoroutine()
+		child, cancel := context.WithTimeout(ctx, time.Hour)
+		after = runtime.NumGoroutine()
+		cancel()
+		<-child.Done()
+		close(done)
+		return nil
+	}})
+	<-done
+	m.RemoveAllAndWait()
+	assert.Equal(t, before, after)
+}
+
+// A run context replaced after CancelDoFuncOnUpdate is a new one: the
+// cancelled one stays cancelled.
+func TestRunContextReplacedAfterCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		b := newBlocker()
+		e.m.UpdateController("c", ControllerParams{DoFunc: b.fn(0), CancelDoFuncOnUpdate: true})
+		synctest.Wait()
+		var second context.Context
+		e.m.UpdateController("c", ControllerParams{DoFunc: func(ctx context.Context) error { second = ctx; return nil }})
+		synctest.Wait()
+		require.NotNil(t, second)
+		assert.NoError(t, second.Err())
+		e.m.RemoveAllAndWait()
+		assert.ErrorIs(t, second.Err(), context.Canceled)
 	})
 }
