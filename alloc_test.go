@@ -72,13 +72,8 @@ func TestControllerLifeAllocations(t *testing.T) {
 	const n = 1000
 	ns := names(n)
 	m := benchManager(t)
-	cd := newCountdown(n)
-	do := ControllerFunc(cd.do)
 	before := mallocs()
-	for _, name := range ns {
-		m.UpdateController(name, ControllerParams{DoFunc: do})
-	}
-	<-cd.done
+	installAll(m, ns)
 	m.RemoveAllAndWait()
 	perController := float64(mallocs()-before) / n
 	t.Logf("%.2f allocations per controller life", perController)

@@ -80,6 +80,18 @@ func (c *countdown) do(context.Context) error {
 	return nil
 }
 
+// installAll installs a controller under each name, all sharing one DoFunc
+// (its closure is not the library's cost), and returns once every first
+// run is done.
+func installAll(m *Manager, names []string) {
+	cd := newCountdown(len(names))
+	do := ControllerFunc(cd.do)
+	for _, name := range names {
+		m.UpdateController(name, ControllerParams{DoFunc: do})
+	}
+	<-cd.done
+}
+
 func (c *countdown) fail(context.Context) error {
 	if c.left.Add(-1) == 0 {
 		close(c.done)
@@ -96,12 +108,7 @@ func BenchmarkIdle(b *testing.B) {
 			m := benchManager(b)
 			for range b.N {
 				before := heapAndStack()
-				cd := newCountdown(n)
-				do := ControllerFunc(cd.do) // one DoFunc for all: its closure is not the library's cost
-				for _, name := range ns {
-					m.UpdateController(name, ControllerParams{DoFunc: do})
-				}
-				<-cd.done
+				installAll(m, ns)
 				after := heapAndStack()
 				b.ReportMetric(float64(after-before)/float64(n), "bytes/controller")
 				b.StopTimer()
@@ -178,13 +185,8 @@ func BenchmarkCreate(b *testing.B) {
 	var allocs uint64
 	b.ResetTimer()
 	for range b.N {
-		cd := newCountdown(n)
-		do := ControllerFunc(cd.do)
 		a := mallocs()
-		for _, name := range ns {
-			m.UpdateController(name, ControllerParams{DoFunc: do})
-		}
-		<-cd.done
+		installAll(m, ns)
 		allocs += mallocs() - a
 		b.StopTimer()
 		m.RemoveAllAndWait()
@@ -204,11 +206,7 @@ func BenchmarkRemoveAllAndWait(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
-		cd := newCountdown(n)
-		for _, name := range ns {
-			m.UpdateController(name, ControllerParams{DoFunc: cd.do})
-		}
-		<-cd.done
+		installAll(m, ns)
 		b.StartTimer()
 		a := mallocs()
 		m.RemoveAllAndWait()
@@ -259,11 +257,7 @@ func BenchmarkTrigger(b *testing.B) {
 func BenchmarkStatus(b *testing.B) {
 	const n = 10_000
 	m := benchManager(b)
-	cd := newCountdown(n)
-	for _, name := range names(n) {
-		m.UpdateController(name, ControllerParams{DoFunc: cd.do})
-	}
-	<-cd.done
+	installAll(m, names(n))
 	b.Run("N=10k", func(b *testing.B) {
 		var allocs uint64
 		for range b.N {

@@ -27,16 +27,11 @@ func TestScale(t *testing.T) {
 	}
 	ns := names(n)
 	m := benchManager(t)
-	cd := newCountdown(n)
-	do := ControllerFunc(cd.do)
 	runtime.GC()
 	base := processMemory()
 
 	start := time.Now()
-	for _, name := range ns {
-		m.UpdateController(name, ControllerParams{DoFunc: do})
-	}
-	<-cd.done
+	installAll(m, ns)
 	created := time.Since(start)
 	peak := processMemory()
 
