@@ -31,7 +31,9 @@ type Controller struct {
 	uuid [36]byte // immutable; UUID() views it as a string
 
 	// state holds the st* bits. It is written under mu, except for the
-	// loop's lock-free claim of a timed run (CompareAndSwap).
+	// loop's lock-free claim of a timed run (CompareAndSwap), so the
+	// bits others set must be set with Or: a Load followed by a Store
+	// could undo the claim.
 	state atomic.Uint32
 
 	mgr *Manager
@@ -236,14 +238,15 @@ func newController(m *Manager, name string, params ControllerParams, verr error,
 // restarts (rule 5).
 func (c *Controller) update(params ControllerParams, verr error, group *groupHandles) {
 	c.mu.Lock()
-	c.setParamsLocked(params, verr, group)
+	c.wakeLocked(c.setParamsLocked(params, verr, group))
 	c.mu.Unlock()
 }
 
-func (c *Controller) setParamsLocked(params ControllerParams, verr error, group *groupHandles) {
-	old := c.state.Load()
-	c.state.Store(old | stUpdate)
-	c.wakeLocked(old)
+// setParamsLocked applies params and marks an update pending. It returns
+// the state before, for the caller to wake the loop; a new controller's
+// loop needs no waking.
+func (c *Controller) setParamsLocked(params ControllerParams, verr error, group *groupHandles) (old uint32) {
+	old = c.state.Or(stUpdate)
 	c.group = group
 	cancelRun := old&stRunning != 0 && c.cancelOnUpdate
 	if verr != nil {
@@ -258,13 +261,13 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 	if cancelRun {
 		c.cancelRunLocked()
 	}
+	return old
 }
 
 // trigger asks for a run at once, keeping the retry step.
 func (c *Controller) trigger() {
 	c.mu.Lock()
-	old := c.state.Load()
-	c.state.Store(old | stTrigger)
+	old := c.state.Or(stTrigger)
 	c.wakeLocked(old)
 	if old&stRunning != 0 && c.cancelOnUpdate {
 		c.cancelRunLocked()
@@ -277,8 +280,7 @@ func (c *Controller) trigger() {
 // Manager's lock and has taken c out of the Manager.
 func (c *Controller) remove() {
 	c.mu.Lock()
-	old := c.state.Load()
-	c.state.Store(old | stRemoved)
+	old := c.state.Or(stRemoved)
 	c.wakeLocked(old)
 	if c.attached && c.consecutiveFailures > 0 {
 		c.mgr.metricsOrDefault().addFailing(-1)
@@ -317,7 +319,7 @@ func (c *Controller) terminationChannel() chan struct{} {
 }
 
 func (c *Controller) markDoneLocked() {
-	c.state.Store(c.state.Load() | stDone)
+	c.state.Or(stDone)
 	if c.terminated != nil {
 		close(c.terminated)
 	}

@@ -1069,3 +1069,20 @@ func TestRunContextReplacedAfterCancel(t *testing.T) {
 		assert.ErrorIs(t, second.Err(), context.Canceled)
 	})
 }
+
+// A removal that races with the loop claiming a timed run is never lost.
+// (Writers once read the state and stored it back with their bit, undoing
+// a claim made in between; the loop then waited for a signal that had gone
+// to the timer, and the removal never finished. A regression hangs here
+// until the test binary's -timeout.)
+func TestRemovalRacingATimedRunIsNotLost(t *testing.T) {
+	m := benchManager(t)
+	for range 3000 {
+		cd := newCountdown(20)
+		c := m.UpdateController("c", ControllerParams{DoFunc: cd.do, RunInterval: time.Nanosecond})
+		<-cd.done
+		term := c.terminationChannel()
+		require.NoError(t, m.RemoveController("c"))
+		<-term
+	}
+}
