@@ -387,8 +387,12 @@ func (c *Controller) run() {
 	if ranDo {
 		c.runStopFunc(&gm)
 	}
-	c.mgr.release(c)
+	// Terminate before leaving m.stopping: a RemoveAllAndWait or Shutdown
+	// that no longer finds the controller there must find it terminated,
+	// and out of controllers_active.
+	c.metrics.addActive(-1)
 	close(c.terminated)
+	c.mgr.release(c)
 }
 
 // runStopFunc runs the StopFunc of the newest valid parameters (rule 7).

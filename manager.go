@@ -228,12 +228,11 @@ func (m *Manager) unregisterIfEmptyLocked() {
 	}
 }
 
-// release is called by a controller's goroutine once it is done.
+// release is called by a controller's goroutine once it has terminated.
 func (m *Manager) release(c *Controller) {
 	m.mu.Lock()
 	delete(m.stopping, c)
 	m.mu.Unlock()
-	c.metrics.addActive(-1)
 }
 
 // RemoveAll removes every controller of the Manager without waiting, as
