@@ -56,7 +56,7 @@ import (
 
 var (
 	stormSeed = flag.Uint64("storm.seed", 0, "seed of TestStorm's operations; 0 picks one from the clock")
-	stormOps  = flag.Int("storm.ops", 100_000, "operations TestStorm issues in total")
+	stormOps  = flag.Int("storm.ops", 200_000, "operations TestStorm issues in total, in rounds of about 10,000")
 	// stormWatchdog turns a hang (a lost wake-up in the library, or a wait
 	// in this test that can never end) into a crash that prints the seed.
 	stormWatchdog = flag.Duration("storm.watchdog", 4*time.Minute, "TestStorm crashes, printing every goroutine and its seed, when it runs longer")
@@ -65,7 +65,6 @@ var (
 const (
 	stormWorkers        = 8
 	stormNamesPerWorker = 4
-	stormRounds         = 20
 	// stormMaxErrors stops reporting after this many violations.
 	stormMaxErrors = 30
 )
@@ -95,8 +94,9 @@ func TestStorm(t *testing.T) {
 
 	s := newStorm(t, seed)
 	current.Store(s)
-	perWorkerRound := max(2, *stormOps/(stormWorkers*stormRounds))
-	for round := range stormRounds {
+	rounds := min(max(*stormOps/10_000, 10), 1000)
+	perWorkerRound := max(2, (*stormOps+stormWorkers*rounds-1)/(stormWorkers*rounds))
+	for round := range rounds {
 		s.round = round
 		s.phase(perWorkerRound / 2)
 		s.pause()
@@ -1016,7 +1016,9 @@ func (s *storm) pause() {
 // waitQuiet waits, with s.mu held, until no call is busy and no parked call
 // can wake up.
 func (s *storm) waitQuiet() {
+	defer func() { s.waitingFor = "" }()
 	for {
+		s.waitingFor = fmt.Sprintf("quiescence: %d calls busy, %d parked", s.busy, len(s.blocked))
 		quiet := s.busy == 0
 		for p := range s.blocked {
 			if p.canWake() {
