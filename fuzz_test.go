@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/big"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -141,12 +142,13 @@ func FuzzParams(f *testing.F) {
 	f.Add(true, -s, int64(-1), int64(-2), false, -3, int64(-4), false, false, uint64(0))
 	f.Add(false, int64(math.MinInt64), int64(0), int64(0), false, math.MinInt, int64(0), false, false, uint64(0))
 	f.Fuzz(func(t *testing.T, hasDo bool, interval, base, cap int64, noRetry bool, maxRetries int, jitter int64, cancelOnUpdate, deadCtx bool, outcomes uint64) {
-		var runs, stops int
+		// Atomics: a run at the very instant a Sleep of the test ends
+		// runs alongside it.
+		var runs, stops atomic.Int64
 		// Run i ends as outcomes' bits 2i and 2i+1 say: success, failure,
 		// exit, or a panic.
 		do := func(ctx context.Context) error {
-			r := runs
-			runs++
+			r := runs.Add(1) - 1
 			switch (outcomes >> (2 * (r % 32))) & 3 {
 			case 1:
 				return errBoom
@@ -165,7 +167,7 @@ func FuzzParams(f *testing.F) {
 			MaxRetries:             maxRetries,
 			Jitter:                 time.Duration(jitter),
 			CancelDoFuncOnUpdate:   cancelOnUpdate,
-			StopFunc:               func(context.Context) error { stops++; return nil },
+			StopFunc:               func(context.Context) error { stops.Add(1); return nil },
 		}
 		if hasDo {
 			p.DoFunc = do
@@ -210,9 +212,9 @@ func FuzzParams(f *testing.F) {
 			c := e.m.UpdateController("fuzzed", p)
 			synctest.Wait()
 			if valid {
-				require.Equal(t, 1, runs, "a valid controller runs at once")
+				require.Equal(t, int64(1), runs.Load(), "a valid controller runs at once")
 			} else {
-				require.Zero(t, runs)
+				require.Zero(t, runs.Load())
 				require.Equal(t, 1, c.GetFailureCount())
 				require.EqualError(t, c.GetLastError(), err.Error(), "it parks with Validate's error")
 				require.Equal(t, []string{"degraded fuzzed: " + err.Error()}, h.all())
@@ -220,13 +222,13 @@ func FuzzParams(f *testing.F) {
 				require.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))
 			}
 			time.Sleep(window)
-			require.LessOrEqual(t, runs, bound, "runs in %v of fake time, with a shortest wait of %v", window, window/time.Duration(max(bound, 1)))
+			require.LessOrEqual(t, runs.Load(), bound, "runs in %v of fake time, with a shortest wait of %v", window, window/time.Duration(max(bound, 1)))
 			e.m.RemoveAllAndWait()
 			if valid {
-				require.Equal(t, 1, stops, "StopFunc once after DoFunc ran")
+				require.Equal(t, int64(1), stops.Load(), "StopFunc once after DoFunc ran")
 			} else {
-				require.Zero(t, runs, "DoFunc of invalid parameters never runs")
-				require.Zero(t, stops, "no StopFunc without a DoFunc")
+				require.Zero(t, runs.Load(), "DoFunc of invalid parameters never runs")
+				require.Zero(t, stops.Load(), "no StopFunc without a DoFunc")
 			}
 		})
 	})
@@ -236,7 +238,7 @@ func FuzzParams(f *testing.F) {
 // with parameters p may make in it: the first run, and one per shortest
 // wait the schedule can produce. The stretch is an hour, or less when the
 // shortest wait is so short that an hour would take long to simulate.
-func runBound(p ControllerParams) (window time.Duration, runs int) {
+func runBound(p ControllerParams) (window time.Duration, runs int64) {
 	shortest := time.Duration(math.MaxInt64)
 	if p.RunInterval > 0 {
 		shortest = p.RunInterval
@@ -253,7 +255,7 @@ func runBound(p ControllerParams) (window time.Duration, runs int) {
 	if shortest < window/most {
 		window = shortest * most
 	}
-	return window, 1 + int(window/shortest)
+	return window, 1 + int64(window/shortest)
 }
 
 // FuzzStatusJSON: any status survives a JSON round trip unchanged, and any
