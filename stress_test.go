@@ -42,8 +42,14 @@ import (
 //     controllers not yet terminated.
 //   - the end of a round: everything is released and removed and has
 //     terminated; every call of every instance is checked (no overlap, one
-//     StopFunc iff DoFunc ran, no DoFunc after removal, counters agree with
-//     the calls and with the metrics).
+//     StopFunc iff DoFunc ran, no DoFunc after removal, no stale parameters,
+//     counters agree with the calls and with the metrics).
+//
+// "No DoFunc after removal" is checked as precisely as the outside can see
+// it: a call enters the test a moment after the library started it, so one
+// call may enter after the removal returned (the one in flight, or the
+// first run of a controller removed before its goroutine ran, rule 1), and
+// it must see a cancelled context; a second one is a violation.
 //
 // Ordering is observed through one atomic sequence number: an operation or a
 // call takes a number before and after, so "A returned before B started" is
@@ -84,7 +90,7 @@ func TestStorm(t *testing.T) {
 		buf := make([]byte, 16<<20)
 		buf = buf[:runtime.Stack(buf, true)]
 		fmt.Fprintf(os.Stderr, "%s\n", buf)
-		s := current.Load()
+		s := currentStorm.Load()
 		s.mu.Lock()
 		fmt.Fprintf(os.Stderr, "storm waiting for: %s\n", s.waitingFor)
 		s.mu.Unlock()
@@ -93,7 +99,7 @@ func TestStorm(t *testing.T) {
 	defer wd.Stop()
 
 	s := newStorm(t, seed)
-	current.Store(s)
+	currentStorm.Store(s)
 	rounds := min(max(*stormOps/10_000, 10), 1000)
 	perWorkerRound := max(2, (*stormOps+stormWorkers*rounds-1)/(stormWorkers*rounds))
 	for round := range rounds {
@@ -327,7 +333,8 @@ func newStorm(t *testing.T, seed uint64) *storm {
 	return s
 }
 
-var current atomic.Pointer[storm]
+// currentStorm is the running storm, for the watchdog.
+var currentStorm atomic.Pointer[storm]
 
 // describe tells the history of the instance, for a stuck wait.
 func (in *instance) describe(m *Manager) string {
