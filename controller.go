@@ -57,6 +57,9 @@ type Controller struct {
 	params  ControllerParams
 	invalid *invalidParams
 	group   *groupHandles // metrics children of the newest group
+	// unreported are invalid parameters the loop has yet to log and tell
+	// their HealthReporter about, even when an update superseded them.
+	unreported *invalidParams
 
 	// The run context (rule 2): derived from params.Context, replaced
 	// lazily by the loop after it was cancelled for an update or trigger
@@ -251,6 +254,7 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 	cancelRun := old&stRunning != 0 && c.cancelOnUpdate
 	if verr != nil {
 		c.invalid = &invalidParams{err: verr, params: params}
+		c.unreported = c.invalid
 		c.recordFailureLocked(verr, time.Now().UnixNano())
 	} else {
 		if !sameContext(params.Context, c.params.Context) {
@@ -372,6 +376,7 @@ func (c *Controller) wakeLocked(old uint32) {
 // and only that goroutine touches it.
 type loop struct {
 	do     ControllerFunc  // DoFunc of the params the next run uses
+	health HealthReporter  // and their HealthReporter, told its outcome
 	ctx    context.Context // its run context
 	parent context.Context // params.Context, or Background
 	ends   bool            // parent can end (its Done is not nil)
@@ -466,6 +471,12 @@ func (c *Controller) run() {
 //go:noinline
 func (c *Controller) begin(l *loop, due bool) action {
 	c.mu.Lock()
+	if inv := c.unreported; inv != nil {
+		c.unreported = nil
+		c.mu.Unlock()
+		c.reportInvalid(inv)
+		c.mu.Lock()
+	}
 	st := c.state.Load()
 	// Removal wins over every other signal, but a valid new controller
 	// still makes its first run (rule 1).
@@ -486,14 +497,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 	// params.Context (the first run happens regardless, rule 1).
 	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
 	if park || !due {
-		var report *invalidParams
-		if updated {
-			report = c.invalid
-		}
 		c.mu.Unlock()
-		if report != nil {
-			c.reportInvalid(report)
-		}
 		return actWait
 	}
 	if c.runCtx == nil {
@@ -502,7 +506,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 			c.cancelRunCtxLocked()
 		}
 	}
-	l.do, l.ctx = c.params.DoFunc, c.runCtx
+	l.do, l.health, l.ctx = c.params.DoFunc, c.params.Health, c.runCtx
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
 	c.state.Store(stRunning | st&stRemoved)
 	c.mu.Unlock()
@@ -556,7 +560,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	}
 	wait, timed := nextWait(o, p, l.step, jitter)
 	ev.gaveUp = o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
-	health, group := p.Health, c.group
+	group := c.group
 	// Arm the timer only when nothing is pending: a signal that came
 	// during the run is already in the signal channel.
 	st := c.state.Load() &^ stRunning
@@ -577,11 +581,11 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	if stack != nil {
 		met.countPanic(group)
 	}
-	if health != nil {
+	if l.health != nil {
 		if o == outcomeFailure {
-			c.reportHealth(health, err)
+			c.reportHealth(l.health, err)
 		} else {
-			c.reportHealth(health, nil)
+			c.reportHealth(l.health, nil)
 		}
 	}
 	if ev.any() || c.mgr.debugEnabled() {

@@ -111,7 +111,7 @@ const (
 	runFailure = 1
 )
 
-var statusNames = [2]string{runSuccess: success, runFailure: failure}
+var runStatusNames = [2]string{runSuccess: success, runFailure: failure}
 
 // DefaultMetrics is used by every [Manager] created without [WithMetrics],
 // the zero Manager included. Nothing is registered until the program
@@ -213,8 +213,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for i := range m.runs {
 		buckets, count, sum := m.runs[i].snapshot(m.upper)
 		ch <- prometheus.MustNewConstMetric(m.runsDesc, prometheus.CounterValue,
-			float64(count+m.runs[i].noDurRun.Load()), statusNames[i])
-		ch <- prometheus.MustNewConstHistogram(m.runDuration, count, sum, buckets, statusNames[i])
+			float64(count+m.runs[i].noDurRun.Load()), runStatusNames[i])
+		ch <- prometheus.MustNewConstHistogram(m.runDuration, count, sum, buckets, runStatusNames[i])
 	}
 	for _, c := range m.collectors() {
 		c.Collect(ch)

@@ -34,17 +34,19 @@ type Group struct {
 // NewGroup returns the Group with the given name.
 func NewGroup(name string) Group { return Group{Name: name} }
 
-// HealthReporter receives the outcome of every run of a controller. Both
-// methods are called from the controller's own goroutine, after the outcome
-// has been recorded and outside any lock of this package, so they may call
-// back into the [Manager]. A panic in a HealthReporter is recovered and
-// logged; the controller goes on.
+// HealthReporter receives the outcome of every run of a controller: the
+// reporter of the parameters a run started with is told its outcome. Both
+// methods are called from the controller's own goroutine (never two at
+// once), after the outcome has been recorded and outside any lock of this
+// package, so they may call back into the [Manager]. A panic in a
+// HealthReporter is recovered and logged; the controller goes on.
 type HealthReporter interface {
 	// OK is called after a successful run, including one that ended with
 	// an [ExitReason].
 	OK(controllerName string)
 	// Degraded is called after a failed run, after a failed StopFunc and
-	// when a controller is given invalid parameters.
+	// when a controller is given invalid parameters (then the reporter of
+	// those parameters is told, even when an update replaced them at once).
 	Degraded(controllerName string, err error)
 }
 
