@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -516,10 +517,15 @@ func (c *Controller) begin(l *loop, due bool) action {
 // reportInvalid logs invalid parameters and tells their HealthReporter,
 // from the controller's goroutine.
 func (c *Controller) reportInvalid(inv *invalidParams) {
-	c.logger().WithError(inv.err).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
+	c.logInvalid(inv.err)
 	if inv.params.Health != nil {
 		c.reportHealth(inv.params.Health, inv.err)
 	}
+}
+
+func (c *Controller) logInvalid(err error) {
+	defer recoverLog(c.name)
+	c.logger().WithError(err).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
 }
 
 // afterRun records the outcome of a run (rule 3), arms the timer for the
@@ -636,12 +642,29 @@ func (c *Controller) runStopFunc() {
 	met.countStopFailure(group)
 	if stack != nil {
 		met.countPanic(group)
+	}
+	c.logStopFailure(err, stack)
+	if health != nil {
+		c.reportHealth(health, err)
+	}
+}
+
+func (c *Controller) logStopFailure(err error, stack []byte) {
+	defer recoverLog(c.name)
+	if stack != nil {
 		c.logger().WithError(err).WithField("stack", string(stack)).Error("StopFunc panicked")
 	} else {
 		c.logger().WithError(err).Warn("StopFunc failed")
 	}
-	if health != nil {
-		c.reportHealth(health, err)
+}
+
+// recoverLog, deferred around logging on a controller's goroutine, keeps a
+// panicking logrus hook or formatter from ending that goroutine, and the
+// program with it. The panic goes to standard error, where logrus reports
+// a hook that fails.
+func recoverLog(name string) {
+	if r := recover(); r != nil {
+		fmt.Fprintf(os.Stderr, "controller %q: logging panicked: %v\n", name, r)
 	}
 }
 
@@ -721,6 +744,7 @@ func (c *Controller) setConsecutiveLocked(n int64) {
 //
 //go:noinline
 func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
+	defer recoverLog(c.name)
 	if c.mgr.debugEnabled() {
 		c.logger().WithFields(logrus.Fields{
 			"duration": took,
@@ -749,7 +773,7 @@ var outcomeNames = [...]string{outcomeSuccess: "success", outcomeExit: "exit", o
 func (c *Controller) reportHealth(h HealthReporter, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			c.logger().WithField("panic", r).WithField("stack", string(debug.Stack())).Error("HealthReporter panicked")
+			c.logHealthPanic(r)
 		}
 	}()
 	if err == nil {
@@ -757,6 +781,11 @@ func (c *Controller) reportHealth(h HealthReporter, err error) {
 	} else {
 		h.Degraded(c.name, err)
 	}
+}
+
+func (c *Controller) logHealthPanic(r any) {
+	defer recoverLog(c.name)
+	c.logger().WithField("panic", r).WithField("stack", string(debug.Stack())).Error("HealthReporter panicked")
 }
 
 // logger returns the controller's log entry, building it on first use.
