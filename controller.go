@@ -378,6 +378,7 @@ func (c *Controller) wakeLocked(old uint32) {
 type loop struct {
 	do     ControllerFunc  // DoFunc of the params the next run uses
 	health HealthReporter  // and their HealthReporter, told its outcome
+	group  *groupHandles   // and the metrics of their group, which count it
 	ctx    context.Context // its run context
 	parent context.Context // params.Context, or Background
 	ends   bool            // parent can end (its Done is not nil)
@@ -507,7 +508,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 			c.cancelRunCtxLocked()
 		}
 	}
-	l.do, l.health, l.ctx = c.params.DoFunc, c.params.Health, c.runCtx
+	l.do, l.health, l.group, l.ctx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
 	c.state.Store(stRunning | st&stRemoved)
 	c.mu.Unlock()
@@ -528,6 +529,14 @@ func (c *Controller) logInvalid(err error) {
 	c.logger().WithError(err).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
 }
 
+// mayBeCancelled reports whether the run context may have been cancelled:
+// only a removal, an update or a trigger (which leave their bit in the
+// state) or the end of params.Context cancel it. It spares a failed run the
+// question to the context.
+func (c *Controller) mayBeCancelled(l *loop) bool {
+	return l.ends || c.state.Load()&(stRemoved|stUpdate|stTrigger) != 0
+}
+
 // afterRun records the outcome of a run (rule 3), arms the timer for the
 // next one (rule 4), and reports the run to metrics, the HealthReporter and
 // the log.
@@ -539,7 +548,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	case err == nil:
 	case stack != nil:
 		o = outcomeFailure // a panic is a failure, cancelled or not
-	case l.ctx.Err() != nil:
+	case c.mayBeCancelled(l) && l.ctx.Err() != nil:
 		err, o = errContextCanceled, outcomeExit
 	case identical(err, l.lastFailure):
 		o = outcomeFailure
@@ -566,7 +575,6 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	}
 	wait, timed := nextWait(o, p, l.step, jitter)
 	ev.gaveUp = o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
-	group := c.group
 	// Arm the timer only when nothing is pending: a signal that came
 	// during the run is already in the signal channel.
 	st := c.state.Load() &^ stRunning
@@ -583,9 +591,9 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	c.mu.Unlock()
 
 	met := c.mgr.metricsOrDefault()
-	met.observeRun(group, o == outcomeFailure, took)
+	met.observeRun(l.group, o == outcomeFailure, took)
 	if stack != nil {
-		met.countPanic(group)
+		met.countPanic(l.group)
 	}
 	if l.health != nil {
 		if o == outcomeFailure {
@@ -884,7 +892,7 @@ func formatUUID(dst *[36]byte, u uuid.UUID) {
 // with no goroutine.
 type runContext struct {
 	mu          sync.Mutex
-	cancelled   bool
+	cancelled   atomic.Bool     // set under mu; read without it by Err
 	inner       context.Context // made on demand
 	cancelInner context.CancelFunc
 }
@@ -894,7 +902,7 @@ func (r *runContext) innerCtx() context.Context {
 	defer r.mu.Unlock()
 	if r.inner == nil {
 		r.inner, r.cancelInner = context.WithCancel(context.Background())
-		if r.cancelled {
+		if r.cancelled.Load() {
 			r.cancelInner()
 		}
 	}
@@ -904,7 +912,7 @@ func (r *runContext) innerCtx() context.Context {
 func (r *runContext) cancel() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.cancelled = true
+	r.cancelled.Store(true)
 	if r.cancelInner != nil {
 		r.cancelInner()
 	}
@@ -918,9 +926,7 @@ func (r *runContext) Done() <-chan struct{} { return r.innerCtx().Done() }
 
 // Err implements [context.Context].
 func (r *runContext) Err() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancelled {
+	if r.cancelled.Load() {
 		return context.Canceled
 	}
 	return nil

@@ -66,8 +66,10 @@ type HealthReporter interface {
 // 3s, 6s, 9s, 12s, … The arithmetic saturates at the largest
 // [time.Duration] instead of overflowing.
 type ControllerParams struct {
-	// Group is the metrics group of the controller. Zero: no group; the
-	// controller is left out of controllers_group_runs_total.
+	// Group is the metrics group of the controller. A run counts in the
+	// group of the parameters it started with, so after an update the
+	// next run counts in the new group. Zero: no group; the controller is
+	// left out of controllers_group_runs_total.
 	Group Group
 
 	// DoFunc is the work of the controller. Required: a nil DoFunc makes
