@@ -693,10 +693,8 @@ func (ev runEvent) any() bool {
 func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 	var ev runEvent
 	if o == outcomeFailure {
-		prev := c.lastErrMsg
 		ev.streakStart = c.consecutiveFailures == 0
-		c.recordFailureLocked(err, now)
-		ev.msgChanged = !ev.streakStart && prev != c.lastErrMsg
+		ev.msgChanged = c.recordFailureLocked(err, now) && !ev.streakStart
 	} else {
 		c.successCount++
 		c.lastSuccessTime = now
@@ -715,13 +713,18 @@ func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 	return ev
 }
 
-func (c *Controller) recordFailureLocked(err error, now int64) {
+// recordFailureLocked records a failure with err and reports whether the
+// last error's message changed.
+func (c *Controller) recordFailureLocked(err error, now int64) (msgChanged bool) {
 	c.failureCount++
 	c.setConsecutiveLocked(c.consecutiveFailures + 1)
 	if !identical(err, c.lastErr) {
-		c.lastErrMsg = err.Error()
+		msg := err.Error()
+		msgChanged = msg != c.lastErrMsg
+		c.lastErrMsg = msg
 	}
 	c.lastErr, c.lastErrTime = err, now
+	return msgChanged
 }
 
 // identical reports whether a and b are the very same error value: the same
