@@ -568,3 +568,19 @@ func TestRemovedControllersAreReleased(t *testing.T) {
 		assert.Nil(t, e.m.stopping)
 	})
 }
+
+// The run duration sum stays exact across the point where its nanosecond
+// counter is folded into seconds, and a single enormous duration does not
+// overflow it.
+func TestRunDurationSumFolds(t *testing.T) {
+	m := NewMetrics(MetricsOpts{})
+	s := &m.runs[runSuccess]
+	s.observe(m, foldAt-time.Second)
+	s.observe(m, 2*time.Second) // crosses foldAt: folded
+	s.observe(m, time.Duration(math.MaxInt64))
+	_, count, sum := s.snapshot(m.upper)
+	assert.Equal(t, uint64(3), count)
+	want := (foldAt + time.Second).Seconds() + time.Duration(math.MaxInt64).Seconds()
+	assert.InEpsilon(t, want, sum, 1e-12)
+	assert.Zero(t, s.sumNanos.Load(), "folded")
+}

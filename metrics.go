@@ -75,9 +75,18 @@ type Metrics struct {
 // which count as runs without a duration.
 type runStats struct {
 	buckets  []atomic.Uint64
-	sumBits  atomic.Uint64 // float64 seconds
 	noDurRun atomic.Uint64
+
+	// The sum of the durations: recent ones in nanoseconds, one atomic
+	// add each, folded into folded (seconds) once they pass foldAt. A
+	// duration that large alone (18 years) goes to folded directly, so
+	// the integer cannot overflow.
+	sumNanos atomic.Int64
+	foldMu   sync.Mutex
+	folded   float64
 }
+
+const foldAt = 1 << 59 // nanoseconds, about 18 years
 
 func (s *runStats) observe(m *Metrics, took time.Duration) {
 	i := 0
@@ -85,11 +94,14 @@ func (s *runStats) observe(m *Metrics, took time.Duration) {
 		i++
 	}
 	s.buckets[i].Add(1)
-	for {
-		old := s.sumBits.Load()
-		if s.sumBits.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+took.Seconds())) {
-			return
-		}
+	if took >= foldAt {
+		s.foldMu.Lock()
+		s.folded += took.Seconds()
+		s.foldMu.Unlock()
+	} else if s.sumNanos.Add(int64(took)) >= foldAt {
+		s.foldMu.Lock()
+		s.folded += float64(s.sumNanos.Swap(0)) / 1e9
+		s.foldMu.Unlock()
 	}
 }
 
@@ -102,7 +114,10 @@ func (s *runStats) snapshot(upper []float64) (cumulative map[float64]uint64, cou
 			cumulative[upper[i]] = count
 		}
 	}
-	return cumulative, count, math.Float64frombits(s.sumBits.Load())
+	s.foldMu.Lock()
+	sum = s.folded + float64(s.sumNanos.Load())/1e9
+	s.foldMu.Unlock()
+	return cumulative, count, sum
 }
 
 // Index of runStats by status.
