@@ -90,6 +90,7 @@ type Controller struct {
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
 	fake           bool // made by FakeManager: no goroutine
 	rctxUsed       bool // rctx has served as a run context
+	timerPoked     bool // a change reset timer to wake the loop
 }
 
 // invalidParams are parameters that failed validation, kept for the
@@ -365,6 +366,7 @@ func (c *Controller) newRunCtxLocked(parent context.Context) {
 func (c *Controller) wakeLocked(old uint32) {
 	if old&stTimed != 0 {
 		c.timer.Reset(0)
+		c.timerPoked = true
 		return
 	}
 	select {
@@ -385,6 +387,7 @@ type loop struct {
 	timed  bool            // the next wait is on the timer
 	step   int             // failures since the last success or update
 	ranDo  bool            // DoFunc ran at least once
+	begun  bool            // begin ran at least once
 
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
@@ -473,16 +476,23 @@ func (c *Controller) run() {
 //go:noinline
 func (c *Controller) begin(l *loop, due bool) action {
 	c.mu.Lock()
-	if inv := c.unreported; inv != nil {
+	// The loop is out of any timed wait: from here on a change must wake
+	// it through the signal channel, also while the lock is dropped below.
+	c.state.And(^stTimed)
+	l.timed = false
+	for inv := c.unreported; inv != nil; inv = c.unreported {
 		c.unreported = nil
 		c.mu.Unlock()
 		c.reportInvalid(inv)
 		c.mu.Lock()
 	}
 	st := c.state.Load()
-	// Removal wins over every other signal, but a valid new controller
-	// still makes its first run (rule 1).
-	if st&stRemoved != 0 && (l.ranDo || c.invalid != nil) {
+	// Removal wins over every other signal. Only a valid controller whose
+	// goroutine had not started when it was removed still makes its first
+	// run (rule 1).
+	first := !l.begun
+	l.begun = true
+	if st&stRemoved != 0 && (l.ranDo || c.invalid != nil || !first) {
 		c.mu.Unlock()
 		return actExit
 	}
@@ -491,8 +501,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 		l.step = 0
 	}
 	due = due || updated || st&stTrigger != 0
-	c.state.Store(st &^ (stUpdate | stTrigger | stTimed))
-	l.timed = false
+	c.state.Store(st &^ (stUpdate | stTrigger))
 	l.parent = contextOrBackground(c.params.Context)
 	l.ends = l.parent.Done() != nil
 	// Parked until an update: invalid parameters, or an ended
@@ -580,9 +589,23 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	st := c.state.Load() &^ stRunning
 	l.timed = timed && st == 0
 	if l.timed {
-		if c.timer == nil {
+		switch {
+		case c.timer == nil:
 			c.timer = time.NewTimer(wait)
-		} else {
+		case c.timerPoked:
+			// A wake-up may have fired after the loop stopped waiting.
+			// Go's timers drop it on Reset, unless the program runs with
+			// GODEBUG=asynctimerchan=1: then it must be drained here, or
+			// the next wait would end at once.
+			if !c.timer.Stop() {
+				select {
+				case <-c.timer.C:
+				default:
+				}
+			}
+			c.timerPoked = false
+			c.timer.Reset(wait)
+		default:
 			c.timer.Reset(wait)
 		}
 		st = stTimed
@@ -896,6 +919,7 @@ func formatUUID(dst *[36]byte, u uuid.UUID) {
 type runContext struct {
 	mu          sync.Mutex
 	cancelled   atomic.Bool     // set under mu; read without it by Err
+	hasInner    atomic.Bool     // inner is made: Err asks it, as Done does
 	inner       context.Context // made on demand
 	cancelInner context.CancelFunc
 }
@@ -908,6 +932,7 @@ func (r *runContext) innerCtx() context.Context {
 		if r.cancelled.Load() {
 			r.cancelInner()
 		}
+		r.hasInner.Store(true)
 	}
 	return r.inner
 }
@@ -929,6 +954,11 @@ func (r *runContext) Done() <-chan struct{} { return r.innerCtx().Done() }
 
 // Err implements [context.Context].
 func (r *runContext) Err() error {
+	if r.hasInner.Load() {
+		// Done's channel may not be closed yet while cancel runs: Err
+		// must not say cancelled before it is.
+		return r.inner.Err()
+	}
 	if r.cancelled.Load() {
 		return context.Canceled
 	}

@@ -1087,3 +1087,83 @@ func TestRemovalRacingATimedRunIsNotLost(t *testing.T) {
 		<-term
 	}
 }
+
+// healthHook is a HealthReporter that calls onDegraded, once, from inside
+// its first Degraded.
+type healthHook struct {
+	healthLog
+	onDegraded func()
+	fired      atomic.Bool
+}
+
+func (h *healthHook) Degraded(name string, err error) {
+	h.healthLog.Degraded(name, err)
+	if h.fired.CompareAndSwap(false, true) {
+		h.onDegraded()
+	}
+}
+
+// Invalid parameters that arrive while the loop reports earlier invalid
+// ones are reported too, whether the loop came from a timed wait or not.
+// (They were lost after a timed wait: the update woke the timer, which the
+// loop no longer read.)
+func TestInvalidUpdateDuringAReportIsReported(t *testing.T) {
+	for _, interval := range []time.Duration{0, time.Hour} {
+		t.Run("RunInterval "+interval.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc, RunInterval: interval})
+				synctest.Wait()
+				second := &healthLog{}
+				first := &healthHook{onDegraded: func() {
+					e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc, RunInterval: -2, Health: second})
+				}}
+				e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc, RunInterval: -1, Health: first})
+				synctest.Wait()
+				assert.Equal(t, []string{"degraded c: invalid controller parameters: RunInterval must not be negative, got -2ns"}, second.all())
+				assert.Len(t, e.logs(logrus.ErrorLevel), 2)
+				e.m.RemoveAllAndWait()
+			})
+		})
+	}
+}
+
+// A controller parked on invalid parameters since its creation does not run
+// when a valid update and its removal reach it together: removal wins
+// (rule 5); only a controller removed before its goroutine started makes
+// its first run (rule 1). No DoFunc, so no StopFunc.
+func TestRemovalWinsOverTheFirstValidUpdate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		var runs, stops int
+		do := func(ctx context.Context) error { runs++; return nil }
+		stop := func(context.Context) error { stops++; return nil }
+		c := e.m.UpdateController("c", ControllerParams{DoFunc: do, StopFunc: stop, RunInterval: -1})
+		synctest.Wait() // the goroutine started and parked
+		e.m.mu.Lock()   // the update and the removal reach the loop together
+		c.update(ControllerParams{DoFunc: do, StopFunc: stop}, nil, e.metrics.group(""))
+		e.m.removeLocked(c)
+		e.m.mu.Unlock()
+		<-c.terminationChannel()
+		assert.Zero(t, runs)
+		assert.Zero(t, stops)
+	})
+}
+
+// The run context keeps the context contract "if Done is not yet closed,
+// Err returns nil" while it is being cancelled: between its flag and the
+// closing of the channel Done returned. The test stops it in that state.
+func TestRunContextErrNotBeforeDone(t *testing.T) {
+	rc := &runContext{}
+	done := rc.Done()
+	rc.cancelled.Store(true) // cancel has set its flag, not yet closed the channel
+	select {
+	case <-done:
+		t.Fatal("Done closed")
+	default:
+	}
+	assert.NoError(t, rc.Err())
+	rc.cancel()
+	<-done
+	assert.ErrorIs(t, rc.Err(), context.Canceled)
+}

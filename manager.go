@@ -229,7 +229,7 @@ func (m *Manager) removeLocked(c *Controller) {
 // stopLocked stops c, which the caller has taken out of m.controllers.
 func (m *Manager) stopLocked(c *Controller) {
 	if !c.fake {
-		if len(m.stopping) == cap(m.stopping) {
+		if len(m.stopping) == cap(m.stopping) || m.stoppingN.Load() == 0 {
 			m.pruneStoppingLocked()
 		}
 		m.stopping = append(m.stopping, c)
@@ -266,7 +266,12 @@ func (m *Manager) release(c *Controller) {
 // does not keep them from the garbage collector.
 func (m *Manager) pruneStoppingLocked() {
 	if m.stoppingN.Load() == 0 {
-		m.stopping = nil
+		if cap(m.stopping) > 1024 {
+			m.stopping = nil // let a big list go, after a big removal
+			return
+		}
+		clear(m.stopping)
+		m.stopping = m.stopping[:0]
 		return
 	}
 	m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
