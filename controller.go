@@ -389,6 +389,11 @@ type loop struct {
 	ranDo  bool            // DoFunc ran at least once
 	begun  bool            // begin ran at least once
 
+	// Resolved once, not on every run: the Manager's metrics and the
+	// logger whose level decides whether runs are logged at Debug.
+	met    *Metrics
+	levels *logrus.Logger
+
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
 	// monotonic offsets from it, see offset.
@@ -480,6 +485,9 @@ func (c *Controller) begin(l *loop, due bool) action {
 	// it through the signal channel, also while the lock is dropped below.
 	c.state.And(^stTimed)
 	l.timed = false
+	if l.levels == nil {
+		l.met, l.levels = c.mgr.metricsOrDefault(), c.mgr.logger().Logger
+	}
 	for inv := c.unreported; inv != nil; inv = c.unreported {
 		c.unreported = nil
 		c.mu.Unlock()
@@ -613,10 +621,9 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	c.state.Store(st)
 	c.mu.Unlock()
 
-	met := c.mgr.metricsOrDefault()
-	met.observeRun(l.group, o == outcomeFailure, took)
+	l.met.observeRun(l.group, o == outcomeFailure, took)
 	if stack != nil {
-		met.countPanic(l.group)
+		l.met.countPanic(l.group)
 	}
 	if l.health != nil {
 		if o == outcomeFailure {
@@ -625,7 +632,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 			c.reportHealth(l.health, nil)
 		}
 	}
-	if ev.any() || c.mgr.debugEnabled() {
+	if ev.any() || l.levels.IsLevelEnabled(logrus.DebugLevel) {
 		c.logRun(o, err, ev, stack, l.step, took)
 	}
 }
@@ -761,14 +768,22 @@ func identical(a, b error) bool {
 // setConsecutiveLocked keeps controllers_failing in step with the failing
 // state, so the gauge agrees with Health and FormatStatus.
 func (c *Controller) setConsecutiveLocked(n int64) {
-	was := c.consecutiveFailures > 0
+	if c.attached && (c.consecutiveFailures > 0) != (n > 0) {
+		c.failingChanged(n > 0)
+	}
 	c.consecutiveFailures = n
-	if c.attached && was != (n > 0) {
-		if was {
-			c.mgr.metricsOrDefault().addFailing(-1)
-		} else {
-			c.mgr.metricsOrDefault().addFailing(1)
-		}
+}
+
+// failingChanged moves controllers_failing as the controller starts or
+// stops failing. It is kept out of line so that setConsecutiveLocked, on
+// every run's path, is small enough to inline.
+//
+//go:noinline
+func (c *Controller) failingChanged(failing bool) {
+	if failing {
+		c.mgr.metricsOrDefault().addFailing(1)
+	} else {
+		c.mgr.metricsOrDefault().addFailing(-1)
 	}
 }
 
