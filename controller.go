@@ -389,11 +389,6 @@ type loop struct {
 	ranDo  bool            // DoFunc ran at least once
 	begun  bool            // begin ran at least once
 
-	// Resolved once, not on every run: the Manager's metrics and the
-	// logger whose level decides whether runs are logged at Debug.
-	met    *Metrics
-	levels *logrus.Logger
-
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
 	// monotonic offsets from it, see offset.
@@ -485,9 +480,6 @@ func (c *Controller) begin(l *loop, due bool) action {
 	// it through the signal channel, also while the lock is dropped below.
 	c.state.And(^stTimed)
 	l.timed = false
-	if l.levels == nil {
-		l.met, l.levels = c.mgr.metricsOrDefault(), c.mgr.logger().Logger
-	}
 	for inv := c.unreported; inv != nil; inv = c.unreported {
 		c.unreported = nil
 		c.mu.Unlock()
@@ -621,9 +613,10 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	c.state.Store(st)
 	c.mu.Unlock()
 
-	l.met.observeRun(l.group, o == outcomeFailure, took)
+	met := c.mgr.metricsOrDefault()
+	met.observeRun(l.group, o == outcomeFailure, took)
 	if stack != nil {
-		l.met.countPanic(l.group)
+		met.countPanic(l.group)
 	}
 	if l.health != nil {
 		if o == outcomeFailure {
@@ -632,7 +625,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 			c.reportHealth(l.health, nil)
 		}
 	}
-	if ev.any() || l.levels.IsLevelEnabled(logrus.DebugLevel) {
+	if ev.any() || c.mgr.debugEnabled() {
 		c.logRun(o, err, ev, stack, l.step, took)
 	}
 }
