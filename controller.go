@@ -39,6 +39,11 @@ type Controller struct {
 
 	mgr *Manager
 	log atomic.Pointer[logrus.Entry] // built on first use, once
+	// The Manager's metrics (nil: off) and the logger whose level says
+	// whether runs are logged at Debug, fixed when the controller is made
+	// so a run does not look them up.
+	met    *Metrics
+	levels *logrus.Logger
 
 	// signal wakes the run loop from an untimed wait after state or a
 	// field under mu changed. Its capacity of one coalesces wake-ups; the
@@ -231,6 +236,8 @@ func newController(m *Manager, name string, params ControllerParams, verr error,
 	c := &Controller{
 		name:     name,
 		mgr:      m,
+		met:      m.metricsOrDefault(),
+		levels:   m.logger().Logger,
 		signal:   make(chan struct{}, 1),
 		attached: true,
 	}
@@ -613,10 +620,9 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	c.state.Store(st)
 	c.mu.Unlock()
 
-	met := c.mgr.metricsOrDefault()
-	met.observeRun(l.group, o == outcomeFailure, took)
+	c.met.observeRun(l.group, o == outcomeFailure, took)
 	if stack != nil {
-		met.countPanic(l.group)
+		c.met.countPanic(l.group)
 	}
 	if l.health != nil {
 		if o == outcomeFailure {
@@ -625,7 +631,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 			c.reportHealth(l.health, nil)
 		}
 	}
-	if ev.any() || c.mgr.debugEnabled() {
+	if ev.any() || c.levels.IsLevelEnabled(logrus.DebugLevel) {
 		c.logRun(o, err, ev, stack, l.step, took)
 	}
 }
