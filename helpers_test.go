@@ -131,3 +131,9 @@ func quietLogger() *logrus.Logger {
 	l, _ := test.NewNullLogger()
 	return l
 }
+
+// runsTotal returns controllers_runs_total for one status.
+func (m *Metrics) runsTotal(status int) float64 {
+	_, count, _ := m.runs[status].snapshot(m.upper)
+	return float64(count + m.runs[status].noDurRun.Load())
+}

@@ -244,12 +244,6 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return cs
 }
 
-// runsTotal returns controllers_runs_total for one status.
-func (m *Metrics) runsTotal(status int) float64 {
-	_, count, _ := m.runs[status].snapshot(m.upper)
-	return float64(count + m.runs[status].noDurRun.Load())
-}
-
 // groupHandles are the metrics children of one group, shared by every
 // controller of that group and resolved when a controller's parameters
 // change, so that a run does not hash label values.
