@@ -296,7 +296,7 @@ func (c *Controller) remove() {
 	old := c.state.Or(stRemoved)
 	c.wakeLocked(old)
 	if c.attached && c.consecutiveFailures > 0 {
-		c.mgr.metricsOrDefault().addFailing(-1)
+		c.met.addFailing(-1)
 	}
 	c.attached = false
 	c.cancelRunCtxLocked()
@@ -675,7 +675,7 @@ func (c *Controller) runStopFunc() {
 	c.recordFailureLocked(err, time.Now().UnixNano())
 	health, group := c.params.Health, c.group
 	c.mu.Unlock()
-	met := c.mgr.metricsOrDefault()
+	met := c.met
 	met.countStopFailure(group)
 	if stack != nil {
 		met.countPanic(group)
@@ -780,9 +780,9 @@ func (c *Controller) setConsecutiveLocked(n int64) {
 //go:noinline
 func (c *Controller) failingChanged(failing bool) {
 	if failing {
-		c.mgr.metricsOrDefault().addFailing(1)
+		c.met.addFailing(1)
 	} else {
-		c.mgr.metricsOrDefault().addFailing(-1)
+		c.met.addFailing(-1)
 	}
 }
 
@@ -793,7 +793,7 @@ func (c *Controller) failingChanged(failing bool) {
 //go:noinline
 func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
 	defer recoverLog(c.name)
-	if c.mgr.debugEnabled() {
+	if c.levels.IsLevelEnabled(logrus.DebugLevel) {
 		c.logger().WithFields(logrus.Fields{
 			"duration": took,
 			"outcome":  outcomeNames[o],

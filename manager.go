@@ -90,12 +90,6 @@ func (m *Manager) logger() *logrus.Entry {
 	return defaultLogger
 }
 
-// debugEnabled tells whether Debug entries would be written, so the run
-// loop builds none when they would not.
-func (m *Manager) debugEnabled() bool {
-	return m.logger().Logger.IsLevelEnabled(logrus.DebugLevel)
-}
-
 func (m *Manager) metricsOrDefault() *Metrics {
 	if m.metricsSet {
 		return m.metrics
