@@ -362,12 +362,21 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 }
 
 // TerminationChannel returns a channel that is closed when the named
-// controller has stopped after its removal, its StopFunc included. For a
-// name with no installed controller it returns a closed channel. Do not
-// close the channel.
+// controller has stopped after its removal, its StopFunc included. The
+// controller installed under name wins; when none is, it is the one last
+// removed under name that is still stopping. For a name with neither it
+// returns a closed channel. Do not close the channel.
 func (m *Manager) TerminationChannel(name string) chan struct{} {
 	m.mu.Lock()
 	c, ok := m.controllers[name]
+	if !ok {
+		for i := len(m.stopping) - 1; i >= 0; i-- {
+			if s := m.stopping[i]; s.name == name && !s.done() {
+				c, ok = s, true
+				break
+			}
+		}
+	}
 	m.mu.Unlock()
 	if ok {
 		return c.terminationChannel()
