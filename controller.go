@@ -63,8 +63,9 @@ type Controller struct {
 	params  ControllerParams
 	invalid *invalidParams
 	group   *groupHandles // metrics children of the newest group
-	// unreported are invalid parameters the loop has yet to log and tell
-	// their HealthReporter about, even when an update superseded them.
+	// unreported lists, oldest first, the invalid parameters the loop has
+	// yet to log and tell their HealthReporter about, also those an
+	// update superseded.
 	unreported *invalidParams
 
 	// The run context (rule 2): derived from params.Context, replaced
@@ -103,6 +104,7 @@ type Controller struct {
 type invalidParams struct {
 	err    error
 	params ControllerParams
+	next   *invalidParams // the next unreported ones; guarded by the controller's mu
 }
 
 // Bits of Controller.state.
@@ -263,7 +265,11 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 	cancelRun := old&stRunning != 0 && c.cancelOnUpdate
 	if verr != nil {
 		c.invalid = &invalidParams{err: verr, params: params}
-		c.unreported = c.invalid
+		last := &c.unreported
+		for *last != nil {
+			last = &(*last).next
+		}
+		*last = c.invalid
 		c.recordFailureLocked(verr, time.Now().UnixNano())
 	} else {
 		if !sameContext(params.Context, c.params.Context) {
@@ -488,9 +494,13 @@ func (c *Controller) begin(l *loop, due bool) action {
 	c.state.And(^stTimed)
 	l.timed = false
 	for inv := c.unreported; inv != nil; inv = c.unreported {
+		// Taken whole: updates that come while the lock is dropped start
+		// a new list, so the nodes taken here are the loop's alone.
 		c.unreported = nil
 		c.mu.Unlock()
-		c.reportInvalid(inv)
+		for ; inv != nil; inv = inv.next {
+			c.reportInvalid(inv)
+		}
 		c.mu.Lock()
 	}
 	st := c.state.Load()

@@ -2,10 +2,12 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -54,6 +56,38 @@ func TestTerminationChannelAfterRemoval(t *testing.T) {
 			t.Fatal("the installed controller's channel, open while it is installed")
 		case <-time.After(2 * time.Second):
 		}
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// Two invalid updates that reach a controller while its DoFunc runs are
+// both logged at Error and each told to its own HealthReporter, in order.
+func TestEveryInvalidUpdateIsReported(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release := make(chan struct{})
+		e.m.UpdateController("c", ControllerParams{DoFunc: func(context.Context) error { <-release; return nil }})
+		synctest.Wait()
+		first, second := &healthLog{}, &healthLog{}
+		e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc, RunInterval: -time.Second, Health: first})
+		e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc, Jitter: -time.Second, Health: second})
+		close(release)
+		synctest.Wait()
+
+		var errs []string
+		for _, en := range e.hook.AllEntries() {
+			if en.Level == logrus.ErrorLevel {
+				errs = append(errs, fmt.Sprint(en.Data[logrus.ErrorKey]))
+			}
+		}
+		require.Len(t, errs, 2, "each invalid update is logged")
+		assert.Contains(t, errs[0], "RunInterval")
+		assert.Contains(t, errs[1], "Jitter")
+		require.Len(t, first.all(), 1)
+		assert.Contains(t, first.all()[0], "RunInterval")
+		require.Len(t, second.all(), 1)
+		assert.Contains(t, second.all()[0], "Jitter")
+		assert.Equal(t, 2, e.m.Lookup("c").GetFailureCount())
 		e.m.RemoveAllAndWait()
 	})
 }
