@@ -270,7 +270,7 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 			last = &(*last).next
 		}
 		*last = c.invalid
-		c.recordFailureLocked(verr, time.Now().UnixNano())
+		c.recordFailureLocked(verr, verr.Error(), time.Now().UnixNano())
 	} else {
 		if !sameContext(params.Context, c.params.Context) {
 			cancelRun = true
@@ -570,6 +570,7 @@ func (c *Controller) mayBeCancelled(l *loop) bool {
 //go:noinline
 func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
 	o := outcomeSuccess
+	var msg string
 	switch {
 	case err == nil:
 	case stack != nil:
@@ -583,6 +584,9 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	default:
 		o = outcomeFailure
 	}
+	if err != nil {
+		msg = err.Error() // read every time: a reused error value may have a new one
+	}
 	if o == outcomeFailure {
 		l.step++
 		l.lastFailure = err
@@ -593,7 +597,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 
 	c.mu.Lock()
 	c.lastRunDuration = took
-	ev := c.recordLocked(o, err, end)
+	ev := c.recordLocked(o, err, msg, end)
 	p := &c.params
 	var jitter time.Duration
 	if p.Jitter > 0 {
@@ -681,8 +685,9 @@ func (c *Controller) runStopFunc() {
 	if err == nil {
 		return
 	}
+	msg := err.Error()
 	c.mu.Lock()
-	c.recordFailureLocked(err, time.Now().UnixNano())
+	c.recordFailureLocked(err, msg, time.Now().UnixNano())
 	health, group := c.params.Health, c.group
 	c.mu.Unlock()
 	met := c.met
@@ -727,13 +732,14 @@ func (ev runEvent) any() bool {
 	return ev.recoveredAfter > 0 || ev.streakStart || ev.msgChanged || ev.gaveUp
 }
 
-// recordLocked records the outcome of a run (rule 3). Parameters that
-// became invalid while the run went on stay visible as the last error.
-func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
+// recordLocked records the outcome of a run (rule 3); msg is err's
+// message. Parameters that became invalid while the run went on stay
+// visible as the last error.
+func (c *Controller) recordLocked(o outcome, err error, msg string, now int64) runEvent {
 	var ev runEvent
 	if o == outcomeFailure {
 		ev.streakStart = c.consecutiveFailures == 0
-		ev.msgChanged = c.recordFailureLocked(err, now) && !ev.streakStart
+		ev.msgChanged = c.recordFailureLocked(err, msg, now) && !ev.streakStart
 	} else {
 		c.successCount++
 		c.lastSuccessTime = now
@@ -741,7 +747,7 @@ func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 		c.setConsecutiveLocked(0)
 		c.lastErr, c.lastErrMsg = nil, ""
 		if o == outcomeExit {
-			c.lastErr, c.lastErrMsg = err, err.Error()
+			c.lastErr, c.lastErrMsg = err, msg
 		}
 	}
 	if c.invalid != nil {
@@ -752,24 +758,26 @@ func (c *Controller) recordLocked(o outcome, err error, now int64) runEvent {
 	return ev
 }
 
-// recordFailureLocked records a failure with err and reports whether the
-// last error's message changed.
-func (c *Controller) recordFailureLocked(err error, now int64) (msgChanged bool) {
+// recordFailureLocked records a failure with err, whose message is msg, and
+// reports whether the last error's message changed. The message is read
+// anew for every failure, never assumed from the error value: an error
+// value may be reused with a new text.
+func (c *Controller) recordFailureLocked(err error, msg string, now int64) (msgChanged bool) {
 	c.failureCount++
 	c.setConsecutiveLocked(c.consecutiveFailures + 1)
-	if !identical(err, c.lastErr) {
-		msg := err.Error()
-		msgChanged = msg != c.lastErrMsg
-		c.lastErrMsg = msg
-	}
-	c.lastErr, c.lastErrTime = err, now
+	msgChanged = msg != c.lastErrMsg // the same string, as a reused message is, compares by pointer first
+	c.lastErr, c.lastErrMsg, c.lastErrTime = err, msg, now
 	return msgChanged
 }
 
 // identical reports whether a and b are the very same error value: the same
 // dynamic type and the same pointer. Unlike ==, it never panics on an
-// incomparable type, and it says false for equal values stored apart; it is
-// only used to skip work whose result would be the same.
+// incomparable type, and it says false for equal values stored apart. It
+// only spares the loop classifying an error value it has classified
+// already; it says nothing of the message, which a reused error value may
+// have changed (so the message is read every time). A reused value whose
+// chain gains or loses an ExitReason between returns keeps its first
+// classification for as long as it keeps failing.
 func identical(a, b error) bool {
 	return a != nil && *(*[2]unsafe.Pointer)(unsafe.Pointer(&a)) == *(*[2]unsafe.Pointer)(unsafe.Pointer(&b))
 }

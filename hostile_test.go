@@ -91,3 +91,40 @@ func TestEveryInvalidUpdateIsReported(t *testing.T) {
 		e.m.RemoveAllAndWait()
 	})
 }
+
+// mutableErr is a preallocated error whose text the DoFunc changes before
+// returning the same pointer again.
+type mutableErr struct{ msg string }
+
+func (e *mutableErr) Error() string { return e.msg }
+
+// A DoFunc that returns the same error value with a new message each time:
+// the status, Health and the "new error message" Warn follow the message.
+func TestReusedErrorWithNewMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		reused := &mutableErr{}
+		attempt := 0
+		e.m.UpdateController("reused", ControllerParams{DoFunc: func(context.Context) error {
+			attempt++
+			if attempt <= 2 {
+				reused.msg = "dial: connection refused"
+			} else {
+				reused.msg = fmt.Sprintf("attempt %d: timeout", attempt)
+			}
+			return reused
+		}})
+		time.Sleep(6 * time.Second) // runs at 0, 1, 3 and 6 s
+		synctest.Wait()
+		st := e.m.Lookup("reused").GetStatusModel().Status
+		assert.Equal(t, int64(4), st.FailureCount)
+		assert.Equal(t, "attempt 4: timeout", st.LastFailureMsg)
+		assert.EqualError(t, e.m.Health(), `controller "reused": 4 consecutive failures: attempt 4: timeout`)
+		assert.Equal(t, []string{
+			"controller failed; retrying",
+			"controller still failing with a new error",
+			"controller still failing with a new error",
+		}, e.logs(logrus.WarnLevel), "the first run's message, then each new one; the repeated one is not logged again")
+		e.m.RemoveAllAndWait()
+	})
+}
