@@ -575,21 +575,29 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	case err == nil:
 	case stack != nil:
 		o = outcomeFailure // a panic is a failure, cancelled or not
+		msg = err.Error()  // our own panicError
 	case c.mayBeCancelled(l) && l.ctx.Err() != nil:
-		err, o = errContextCanceled, outcomeExit
-	case identical(err, l.lastFailure):
-		o = outcomeFailure
-	case isExitReason(err):
-		o = outcomeExit
+		err, msg, o = errContextCanceled, errContextCanceled.Error(), outcomeExit
 	default:
-		o = outcomeFailure
-	}
-	if err != nil {
-		msg = err.Error() // read every time: a reused error value may have a new one
+		returned := err
+		// The same value as the last failure is a failure again, without
+		// asking its chain; its message is read anew all the same.
+		again := identical(err, l.lastFailure)
+		var exit bool
+		err, msg, exit = inspectError(err, !again)
+		_, unreadable := err.(*unreadableError)
+		switch {
+		case exit:
+			o = outcomeExit
+		case unreadable:
+			o = outcomeFailure // and inspected in full next time too
+		default:
+			o = outcomeFailure
+			l.lastFailure = returned
+		}
 	}
 	if o == outcomeFailure {
 		l.step++
-		l.lastFailure = err
 	} else {
 		l.step = 0
 		l.lastFailure = nil
@@ -685,7 +693,12 @@ func (c *Controller) runStopFunc() {
 	if err == nil {
 		return
 	}
-	msg := err.Error()
+	var msg string
+	if stack != nil {
+		msg = err.Error() // our own panicError
+	} else {
+		err, msg, _ = inspectError(err, false)
+	}
 	c.mu.Lock()
 	c.recordFailureLocked(err, msg, time.Now().UnixNano())
 	health, group := c.params.Health, c.group
@@ -769,6 +782,33 @@ func (c *Controller) recordFailureLocked(err error, msg string, now int64) (msgC
 	c.lastErr, c.lastErrMsg, c.lastErrTime = err, msg, now
 	return msgChanged
 }
+
+// inspectError reads err's message and, when classify is set, whether it
+// is an [ExitReason]. Both ask err's own methods (Error, and Unwrap or As
+// along its chain), which may panic: a typed nil pointer returned as an
+// error is the classic case. Such a panic is recovered, and err is replaced
+// by an error whose message says so and names err's type, so that one
+// buggy DoFunc cannot end the process. It allocates only then.
+func inspectError(err error, classify bool) (read error, msg string, exit bool) {
+	method := "Error"
+	defer func() {
+		if r := recover(); r != nil {
+			u := &unreadableError{msg: fmt.Sprintf("error of type %T: its %s method panicked: %v", err, method, r)}
+			read, msg, exit = u, u.msg, false
+		}
+	}()
+	if classify {
+		method = "Unwrap or As"
+		exit = isExitReason(err)
+		method = "Error"
+	}
+	return err, err.Error(), exit
+}
+
+// unreadableError stands in for an error whose methods panicked.
+type unreadableError struct{ msg string }
+
+func (e *unreadableError) Error() string { return e.msg }
 
 // identical reports whether a and b are the very same error value: the same
 // dynamic type and the same pointer. Unlike ==, it never panics on an

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -125,6 +127,93 @@ func TestReusedErrorWithNewMessage(t *testing.T) {
 			"controller still failing with a new error",
 			"controller still failing with a new error",
 		}, e.logs(logrus.WarnLevel), "the first run's message, then each new one; the repeated one is not logged again")
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// panickyErr is an error whose Error method dereferences its receiver: a
+// typed nil of it, returned as an error, panics when asked its message.
+type panickyErr struct{ msg string }
+
+func (e *panickyErr) Error() string { return e.msg }
+
+// unwrapPanics is an error whose chain cannot be walked.
+type unwrapPanics struct{}
+
+func (unwrapPanics) Error() string { return "unwrap panics" }
+func (unwrapPanics) Unwrap() error { panic("Unwrap exploded") }
+
+// runInChild runs the test named name again in a child process with
+// BGCTL_HOSTILE_CHILD=1 and fails if the child did not pass: the point of
+// such a test is that the process survives.
+func runInChild(t *testing.T, name string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "BGCTL_HOSTILE_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child process did not survive:\n%s", out)
+	require.Contains(t, string(out), "--- PASS: "+name, "%s", out)
+}
+
+// An error whose Error method panics (a typed nil returned as an error) is
+// recorded as a failure whose message says so and names the error's type;
+// it is counted, logged once, told to the HealthReporter, and the loop
+// retries on schedule. The same holds for a StopFunc, and for an error
+// whose Unwrap panics. Runs in a child process: on failure the process dies.
+func TestErrorWhoseMethodsPanic(t *testing.T) {
+	if os.Getenv("BGCTL_HOSTILE_CHILD") != "1" {
+		runInChild(t, t.Name())
+		return
+	}
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		health := &healthLog{}
+		var runs []time.Duration
+		start := time.Now()
+		e.m.UpdateController("typed-nil", ControllerParams{
+			DoFunc: func(context.Context) error {
+				runs = append(runs, time.Since(start))
+				var p *panickyErr
+				return p
+			},
+			StopFunc: func(context.Context) error {
+				var p *panickyErr
+				return p
+			},
+			Health: health,
+		})
+		e.m.UpdateController("bad-chain", ControllerParams{
+			DoFunc: func(context.Context) error { return unwrapPanics{} },
+		})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, secs(0, 1, 3), runs, "the loop goes on retrying on schedule")
+
+		want := "error of type *controller.panickyErr: its Error method panicked: runtime error: invalid memory address or nil pointer dereference"
+		st := e.m.Lookup("typed-nil").GetStatusModel().Status
+		assert.Equal(t, int64(3), st.FailureCount)
+		assert.Equal(t, int64(3), st.ConsecutiveFailureCount)
+		assert.Equal(t, want, st.LastFailureMsg)
+		assert.EqualError(t, e.m.Lookup("typed-nil").GetLastError(), want)
+		assert.Equal(t, []string{"degraded typed-nil: " + want, "degraded typed-nil: " + want, "degraded typed-nil: " + want}, health.all())
+
+		chain := e.m.Lookup("bad-chain").GetStatusModel().Status
+		assert.Equal(t, int64(3), chain.FailureCount)
+		assert.Equal(t, "error of type controller.unwrapPanics: its Unwrap or As method panicked: Unwrap exploded", chain.LastFailureMsg)
+
+		var warns []string
+		for _, en := range e.hook.AllEntries() {
+			if en.Level == logrus.WarnLevel {
+				warns = append(warns, en.Data["name"].(string)+": "+fmt.Sprint(en.Data[logrus.ErrorKey]))
+			}
+		}
+		assert.ElementsMatch(t, []string{"typed-nil: " + want, "bad-chain: " + chain.LastFailureMsg}, warns, "one Warn per streak, not per run")
+		require.Error(t, e.m.Health())
+		assert.Contains(t, e.m.Health().Error(), want)
+
+		require.NoError(t, e.m.RemoveControllerAndWait("typed-nil"))
+		require.Len(t, health.all(), 4)
+		assert.Equal(t, "degraded typed-nil: "+want, health.all()[3], "the StopFunc's unreadable error is told too")
 		e.m.RemoveAllAndWait()
 	})
 }
