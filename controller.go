@@ -39,11 +39,13 @@ type Controller struct {
 
 	mgr *Manager
 	log atomic.Pointer[logrus.Entry] // built on first use, once
-	// The Manager's metrics (nil: off) and the logger whose level says
-	// whether runs are logged at Debug, fixed when the controller is made
+	// The Manager's metrics (nil: off), fixed when the controller is made
 	// so a run does not look them up.
-	met    *Metrics
-	levels *logrus.Logger
+	met *Metrics
+	// cohort is the stop cohort the controller joined when it was
+	// removed: set under the Manager's lock before the removal, read by
+	// the loop once it has seen the removal.
+	cohort *stopCohort
 
 	// signal wakes the run loop from an untimed wait after state or a
 	// field under mu changed. Its capacity of one coalesces wake-ups; the
@@ -233,13 +235,16 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 }
 
 // newController returns a controller for params, not yet started. verr is
-// params.Validate(); group holds the metrics children of params.Group.
+// params.Validate(); group holds the metrics children of params.Group. The
+// caller holds m.mu.
 func newController(m *Manager, name string, params ControllerParams, verr error, group *groupHandles) *Controller {
+	if m.levels == nil {
+		m.levels = m.logger().Logger
+	}
 	c := &Controller{
 		name:     name,
 		mgr:      m,
 		met:      m.metricsOrDefault(),
-		levels:   m.logger().Logger,
 		signal:   make(chan struct{}, 1),
 		attached: true,
 	}
@@ -653,7 +658,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 			c.reportHealth(l.health, nil)
 		}
 	}
-	if ev.any() || c.levels.IsLevelEnabled(logrus.DebugLevel) {
+	if ev.any() || c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
 		c.logRun(o, err, ev, stack, l.step, took)
 	}
 }
@@ -851,7 +856,7 @@ func (c *Controller) failingChanged(failing bool) {
 //go:noinline
 func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
 	defer recoverLog(c.name)
-	if c.levels.IsLevelEnabled(logrus.DebugLevel) {
+	if c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
 		c.logger().WithFields(logrus.Fields{
 			"duration": took,
 			"outcome":  outcomeNames[o],

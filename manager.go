@@ -31,15 +31,19 @@ type Manager struct {
 
 	// Controllers removed and not yet terminated: stoppingN counts them
 	// (decremented without the lock by the terminating goroutine);
-	// stopping lists them, terminated ones included until pruned; drain
-	// is closed when stoppingN reaches 0 while someone waits.
+	// stopping lists them, terminated ones included until pruned. Each
+	// joined cohort, the open stop cohort, when it was removed.
 	stoppingN atomic.Int64
 	stopping  []*Controller
-	drain     chan struct{}
+	cohort    *stopCohort
 
 	log        *logrus.Entry // nil: defaultLogger
 	metrics    *Metrics
 	metricsSet bool // metrics came from WithMetrics, nil included
+	// levels is the logger whose level says whether runs are logged at
+	// Debug; set under mu by the first newController, read by the
+	// controllers' goroutines, which start after it.
+	levels *logrus.Logger
 }
 
 // Option configures a Manager made by [NewManager]. An Option may also be
@@ -228,6 +232,8 @@ func (m *Manager) stopLocked(c *Controller) {
 		}
 		m.stopping = append(m.stopping, c)
 		m.stoppingN.Add(1)
+		c.cohort = m.openCohortLocked()
+		c.cohort.pending.Add(1)
 	}
 	c.remove()
 }
@@ -246,14 +252,8 @@ func (m *Manager) release(c *Controller) {
 	c.mu.Lock()
 	c.markDoneLocked()
 	c.mu.Unlock()
-	if m.stoppingN.Add(-1) == 0 {
-		m.mu.Lock()
-		if m.stoppingN.Load() == 0 && m.drain != nil {
-			close(m.drain)
-			m.drain = nil
-		}
-		m.mu.Unlock()
-	}
+	m.stoppingN.Add(-1)
+	c.cohort.release(1)
 }
 
 // pruneStoppingLocked drops terminated controllers from m.stopping, so it
@@ -271,26 +271,29 @@ func (m *Manager) pruneStoppingLocked() {
 	m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
 }
 
-// drained returns a channel closed once no removed controller of the
-// Manager is still stopping; nil when none is.
-func (m *Manager) drained() chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.stoppingN.Load() == 0 {
-		m.stopping = nil
-		return nil
-	}
-	if m.drain == nil {
-		m.drain = make(chan struct{})
-	}
-	return m.drain
-}
-
 // RemoveAll removes every controller of the Manager without waiting, as
 // [Manager.RemoveController] does for one.
 func (m *Manager) RemoveAll() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.removeAllLocked()
+}
+
+// removeAllAndSeal removes every controller and seals the open stop cohort,
+// in one critical section: the returned cohort (nil: nothing to wait for)
+// drains once exactly the controllers removed so far have terminated.
+func (m *Manager) removeAllAndSeal() *stopCohort {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.removeAllLocked()
+	co := m.sealCohortLocked()
+	if co == nil {
+		m.stopping = nil // nothing is stopping: let the list go
+	}
+	return co
+}
+
+func (m *Manager) removeAllLocked() {
 	// Take the whole map rather than deleting its entries one by one.
 	cs := m.controllers
 	m.controllers, m.sorted = nil, nil
@@ -302,11 +305,14 @@ func (m *Manager) RemoveAll() {
 		}
 	} else {
 		// Counted once, not once per controller: the goroutines that
-		// terminate meanwhile decrement the same counter from the other
+		// terminate meanwhile decrement the same counters from the other
 		// cores.
 		m.stoppingN.Add(int64(len(cs)))
+		co := m.openCohortLocked()
+		co.pending.Add(int64(len(cs)))
 		for _, c := range cs {
 			m.stopping = append(m.stopping, c)
+			c.cohort = co
 			c.remove()
 		}
 	}
@@ -314,37 +320,38 @@ func (m *Manager) RemoveAll() {
 }
 
 // RemoveAllAndWait removes every controller of the Manager and waits until
-// all have stopped, those removed earlier and still stopping included. A
+// all have stopped, those removed earlier and still stopping included.
+// Controllers installed and removed while it waits are not waited for. A
 // DoFunc or StopFunc that never returns makes it wait for ever; use
 // [Manager.Shutdown] to bound the wait.
 func (m *Manager) RemoveAllAndWait() {
-	m.RemoveAll()
-	if ch := m.drained(); ch != nil {
-		<-ch
+	if co := m.removeAllAndSeal(); co != nil {
+		<-co.drained
 	}
 }
 
 // Shutdown removes every controller of the Manager and waits until all have
 // stopped, those removed earlier and still stopping included, or until ctx
-// ends. Then it cancels the contexts of the StopFuncs still running (or yet
-// to run) and returns an error that wraps ctx.Err() and names the
-// controllers still running. The Manager stays usable afterwards.
+// ends. Controllers installed and removed while it waits are not waited
+// for. When ctx ends first, it cancels the contexts of the StopFuncs still
+// running (or yet to run) of the controllers it waited for and returns an
+// error that wraps ctx.Err() and names them. The Manager stays usable
+// afterwards.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = contextOrBackground(ctx)
-	m.RemoveAll()
-	ch := m.drained()
-	if ch == nil {
+	co := m.removeAllAndSeal()
+	if co == nil {
 		return nil
 	}
 	select {
-	case <-ch:
+	case <-co.drained:
 		return nil
 	case <-ctx.Done():
 	}
 	m.mu.Lock()
 	var running []*Controller
 	for _, c := range m.stopping {
-		if !c.done() {
+		if c.cohort.seq <= co.seq && !c.done() {
 			running = append(running, c)
 		}
 	}
