@@ -1,7 +1,7 @@
-package controller
-
 // cohort.go: stop cohorts, which let RemoveAllAndWait and Shutdown wait for
 // exactly the controllers that were stopping when they were called.
+
+package controller
 
 import "sync/atomic"
 

@@ -1,3 +1,6 @@
+// exitreason.go: ExitReason, the error that ends a controller's runs
+// without failing.
+
 package controller
 
 import "errors"

@@ -1,3 +1,6 @@
+// metrics.go: the Prometheus metrics, and the run statistics collector
+// behind them.
+
 package controller
 
 import (

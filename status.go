@@ -1,3 +1,5 @@
+// status.go: the status model (Cilium's JSON), FormatStatus and Health.
+
 package controller
 
 import (

@@ -1,0 +1,227 @@
+// outcome.go: what a run's result means, and recording it in the
+// controller's statistics.
+
+package controller
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+	"unsafe"
+
+	"github.com/sirupsen/logrus"
+)
+
+// mayBeCancelled reports whether the run context may have been cancelled:
+// only a removal, an update or a trigger (which leave their bit in the
+// state) or the end of params.Context cancel it. It spares a failed run the
+// question to the context.
+func (c *Controller) mayBeCancelled(l *loop) bool {
+	return l.ends || c.state.Load()&(stRemoved|stUpdate|stTrigger) != 0
+}
+
+// afterRun records the outcome of a run (rule 3), arms the timer for the
+// next one (rule 4), and reports the run to metrics, the HealthReporter and
+// the log.
+//
+//go:noinline
+func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
+	o := outcomeSuccess
+	var msg string
+	switch {
+	case err == nil:
+	case stack != nil:
+		o = outcomeFailure // a panic is a failure, cancelled or not
+		msg = err.Error()  // our own panicError
+	case c.mayBeCancelled(l) && l.ctx.Err() != nil:
+		err, msg, o = errContextCanceled, errContextCanceled.Error(), outcomeExit
+	default:
+		returned := err
+		// The same value as the last failure is a failure again, without
+		// asking its chain; its message is read anew all the same.
+		again := identical(err, l.lastFailure)
+		var exit bool
+		err, msg, exit = inspectError(err, !again)
+		_, unreadable := err.(*unreadableError)
+		switch {
+		case exit:
+			o = outcomeExit
+		case unreadable:
+			o = outcomeFailure // and inspected in full next time too
+		default:
+			o = outcomeFailure
+			l.lastFailure = returned
+		}
+	}
+	if o == outcomeFailure {
+		l.step++
+	} else {
+		l.step = 0
+		l.lastFailure = nil
+	}
+
+	c.mu.Lock()
+	c.lastRunDuration = took
+	ev := c.recordLocked(o, err, msg, end)
+	p := &c.params
+	var jitter time.Duration
+	if p.Jitter > 0 {
+		jitter = rand.N(p.Jitter)
+	}
+	wait, timed := nextWait(o, p, l.step, jitter)
+	ev.gaveUp = o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
+	// Arm the timer only when nothing is pending: a signal that came
+	// during the run is already in the signal channel.
+	st := c.state.Load() &^ stRunning
+	l.timed = timed && st == 0
+	if l.timed {
+		switch {
+		case c.timer == nil:
+			c.timer = time.NewTimer(wait)
+		case c.timerPoked:
+			// A wake-up may have fired after the loop stopped waiting.
+			// Go's timers drop it on Reset, unless the program runs with
+			// GODEBUG=asynctimerchan=1: then it must be drained here, or
+			// the next wait would end at once.
+			if !c.timer.Stop() {
+				select {
+				case <-c.timer.C:
+				default:
+				}
+			}
+			c.timerPoked = false
+			c.timer.Reset(wait)
+		default:
+			c.timer.Reset(wait)
+		}
+		st = stTimed
+	}
+	c.state.Store(st)
+	c.mu.Unlock()
+
+	c.met.observeRun(l.group, o == outcomeFailure, took)
+	if stack != nil {
+		c.met.countPanic(l.group)
+	}
+	if l.health != nil {
+		if o == outcomeFailure {
+			c.reportHealth(l.health, err)
+		} else {
+			c.reportHealth(l.health, nil)
+		}
+	}
+	if ev.any() || c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
+		c.logRun(o, err, ev, stack, l.step, took)
+	}
+}
+
+// runEvent is what a recorded run changed, for the log lines after it.
+type runEvent struct {
+	recoveredAfter int64 // a streak of this many failures just ended
+	streakStart    bool  // the first failure of a streak
+	msgChanged     bool  // a failure within a streak, with a new message
+	gaveUp         bool  // the retry step reached MaxRetries
+}
+
+func (ev runEvent) any() bool {
+	return ev.recoveredAfter > 0 || ev.streakStart || ev.msgChanged || ev.gaveUp
+}
+
+// recordLocked records the outcome of a run (rule 3); msg is err's
+// message. Parameters that became invalid while the run went on stay
+// visible as the last error.
+func (c *Controller) recordLocked(o outcome, err error, msg string, now int64) runEvent {
+	var ev runEvent
+	if o == outcomeFailure {
+		ev.streakStart = c.consecutiveFailures == 0
+		ev.msgChanged = c.recordFailureLocked(err, msg, now) && !ev.streakStart
+	} else {
+		c.successCount++
+		c.lastSuccessTime = now
+		ev.recoveredAfter = c.consecutiveFailures
+		c.setConsecutiveLocked(0)
+		c.lastErr, c.lastErrMsg = nil, ""
+		if o == outcomeExit {
+			c.lastErr, c.lastErrMsg = err, msg
+		}
+	}
+	if c.invalid != nil {
+		ev.recoveredAfter = 0
+		c.setConsecutiveLocked(max(c.consecutiveFailures, 1))
+		c.lastErr, c.lastErrMsg = c.invalid.err, c.invalid.err.Error()
+	}
+	return ev
+}
+
+// recordFailureLocked records a failure with err, whose message is msg, and
+// reports whether the last error's message changed. The message is read
+// anew for every failure, never assumed from the error value: an error
+// value may be reused with a new text.
+func (c *Controller) recordFailureLocked(err error, msg string, now int64) (msgChanged bool) {
+	c.failureCount++
+	c.setConsecutiveLocked(c.consecutiveFailures + 1)
+	msgChanged = msg != c.lastErrMsg // the same string, as a reused message is, compares by pointer first
+	c.lastErr, c.lastErrMsg, c.lastErrTime = err, msg, now
+	return msgChanged
+}
+
+// inspectError reads err's message and, when classify is set, whether it
+// is an [ExitReason]. Both ask err's own methods (Error, and Unwrap or As
+// along its chain), which may panic: a typed nil pointer returned as an
+// error is the classic case. Such a panic is recovered, and err is replaced
+// by an error whose message says so and names err's type, so that one
+// buggy DoFunc cannot end the process. It allocates only then.
+func inspectError(err error, classify bool) (read error, msg string, exit bool) {
+	method := "Error"
+	defer func() {
+		if r := recover(); r != nil {
+			u := &unreadableError{msg: fmt.Sprintf("error of type %T: its %s method panicked: %v", err, method, r)}
+			read, msg, exit = u, u.msg, false
+		}
+	}()
+	if classify {
+		method = "Unwrap or As"
+		exit = isExitReason(err)
+		method = "Error"
+	}
+	return err, err.Error(), exit
+}
+
+// unreadableError stands in for an error whose methods panicked.
+type unreadableError struct{ msg string }
+
+func (e *unreadableError) Error() string { return e.msg }
+
+// identical reports whether a and b are the very same error value: the same
+// dynamic type and the same pointer. Unlike ==, it never panics on an
+// incomparable type, and it says false for equal values stored apart. It
+// only spares the loop classifying an error value it has classified
+// already; it says nothing of the message, which a reused error value may
+// have changed (so the message is read every time). A reused value whose
+// chain gains or loses an ExitReason between returns keeps its first
+// classification for as long as it keeps failing.
+func identical(a, b error) bool {
+	return a != nil && *(*[2]unsafe.Pointer)(unsafe.Pointer(&a)) == *(*[2]unsafe.Pointer)(unsafe.Pointer(&b))
+}
+
+// setConsecutiveLocked keeps controllers_failing in step with the failing
+// state, so the gauge agrees with Health and FormatStatus.
+func (c *Controller) setConsecutiveLocked(n int64) {
+	if c.attached && (c.consecutiveFailures > 0) != (n > 0) {
+		c.failingChanged(n > 0)
+	}
+	c.consecutiveFailures = n
+}
+
+// failingChanged moves controllers_failing as the controller starts or
+// stops failing. It is kept out of line so that setConsecutiveLocked, on
+// every run's path, is small enough to inline.
+//
+//go:noinline
+func (c *Controller) failingChanged(failing bool) {
+	if failing {
+		c.met.addFailing(1)
+	} else {
+		c.met.addFailing(-1)
+	}
+}
