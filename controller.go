@@ -22,38 +22,40 @@ import (
 // are safe for concurrent use. Keep the *Controller only to read its
 // statistics; change it through the Manager, by name.
 type Controller struct {
-	// The fields are ordered and sized for an idle controller to cost as
-	// little memory as possible: a process may hold a million of them.
+	// The fields are grouped by how they are guarded. Within that, they
+	// are ordered and sized for an idle controller to cost as little
+	// memory as possible (a process may hold a million of them): the
+	// struct fills its 416-byte size class to the last 2 bytes, which
+	// TestControllerStaysInItsSizeClass guards.
 
+	// Immutable after construction.
 	name string
-	uuid [36]byte // immutable; UUID() views it as a string
+	uuid [36]byte // UUID() views it as a string
 
-	// state holds the st* bits. It is written under mu, except for the
-	// loop's lock-free claim of a timed run (CompareAndSwap), so the
-	// bits others set must be set with Or: a Load followed by a Store
-	// could undo the claim.
-	state atomic.Uint32
+	// Atomic (state first, in the 4 bytes uuid leaves before the next
+	// word).
+	state atomic.Uint32                // the st* bits; see the table below
+	log   atomic.Pointer[logrus.Entry] // built on first use, once
 
-	mgr *Manager
-	log atomic.Pointer[logrus.Entry] // built on first use, once
-	// The Manager's metrics (nil: off), fixed when the controller is made
-	// so a run does not look them up.
-	met *Metrics
+	// Immutable after construction.
+	mgr    *Manager      // the owner; its release is the loop's last act
+	met    *Metrics      // the Manager's metrics (nil: off), fixed here so a run does not look them up
+	signal chan struct{} // capacity 1; see wakeLocked
+
 	// cohort is the stop cohort the controller joined when it was
 	// removed: set under the Manager's lock before the removal, read by
-	// the loop once it has seen the removal.
+	// the loop once it has seen the removal (which orders the two).
 	cohort *stopCohort
 
-	// signal wakes the run loop from an untimed wait after state or a
-	// field under mu changed. Its capacity of one coalesces wake-ups; the
-	// loop reads the state. During a timed wait (stTimed) the loop waits
-	// on timer instead, and a change resets the timer to fire at once:
-	// the loop always waits on a single channel, which is cheaper than a
-	// select.
-	signal chan struct{}
-	timer  *time.Timer // made by the loop on its first timed wait
-
+	// mu guards every field below. Exceptions: rctx has a lock of its
+	// own; newController and FakeManager call …Locked methods without mu
+	// on a controller no other goroutine can see yet.
 	mu sync.Mutex
+
+	// timer wakes the loop from a timed wait (stTimed): made by the loop
+	// on its first timed wait, reset by the loop to arm it and by
+	// wakeLocked to fire it at once.
+	timer *time.Timer
 
 	// params are the newest valid parameters: what runs, what StopFunc
 	// and the run context come from. When the newest parameters are
@@ -90,12 +92,13 @@ type Controller struct {
 	lastSuccessTime     int64
 	lastRunDuration     time.Duration
 
+	// Flags, packed at the end where they fill the struct's padding.
 	cancelOnUpdate bool // CancelDoFuncOnUpdate of the running DoFunc's params
 	attached       bool // installed: counted in controllers_failing while failing
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
-	fake           bool // made by FakeManager: no goroutine
 	rctxUsed       bool // rctx has served as a run context
 	timerPoked     bool // a change reset timer to wake the loop
+	fake           bool // immutable: made by FakeManager, no goroutine
 }
 
 // invalidParams are parameters that failed validation, kept for the
@@ -106,7 +109,29 @@ type invalidParams struct {
 	next   *invalidParams // the next unreported ones; guarded by the controller's mu
 }
 
-// Bits of Controller.state.
+// The bits of Controller.state, the run loop's state machine. Every change
+// happens under mu, with one exception: the loop's lock-free claim of a
+// timed run.
+//
+//	bit        set by                                cleared by
+//	stRunning  the loop: begin (Store), or the       the loop: after the run
+//	           lock-free claim (CAS stTimed→it)       (Store)
+//	stUpdate   update, invalid ones too (Or)         the loop: begin (Store)
+//	stTrigger  trigger (Or)                          the loop: begin (Store)
+//	stRemoved  remove (Or)                           never
+//	stDone     the loop's last act; remove for a     never
+//	           fake controller (Or)
+//	stTimed    the loop, arming the timer with       the loop: begin (And), or
+//	           nothing else pending (Store)           the lock-free claim (CAS)
+//
+// Others only ever add bits, with Or: a Load followed by a Store could undo
+// the claim. Every change a run depends on (new parameters, a trigger, a
+// removal, a cancelled run context) sets a bit, and the loop stores stTimed
+// alone. So when the timer fires and CompareAndSwap(stTimed, stRunning)
+// succeeds, nothing changed since the loop armed the timer, and what it
+// cached under mu (DoFunc, HealthReporter, group, run context) is still
+// current: the run needs no lock. The one change that sets no bit, the end
+// of params.Context, the loop checks before claiming.
 const (
 	stRunning uint32 = 1 << iota // a DoFunc is running
 	stUpdate                     // an update is pending
@@ -122,6 +147,11 @@ func (c *Controller) Name() string { return c.name }
 // UUID returns the controller's unique id, a random (version 4) UUID. It
 // stays the same across updates; a controller installed again under the
 // same name after a removal gets a new one.
+//
+// The string shares the Controller's memory, and so do the UUIDs in its
+// statuses: holding one keeps the whole Controller from being garbage
+// collected. Copy it with [strings.Clone] to keep it after the controller
+// is gone.
 func (c *Controller) UUID() string {
 	// The bytes never change after construction, so a string may share
 	// them: UUID and GetStatusModel cost no allocation.
@@ -174,6 +204,14 @@ func (c *Controller) GetLastSuccessTimestamp() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return unixTime(c.lastSuccessTime)
+}
+
+// failure returns the controller's consecutive failure count and its last
+// error, read together: a consistent answer to "is it failing, and why".
+func (c *Controller) failure() (consecutive int64, last error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.consecutiveFailures, c.lastErr
 }
 
 func unixTime(ns int64) time.Time {
@@ -233,7 +271,8 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 
 // newController returns a controller for params, not yet started. verr is
 // params.Validate(); group holds the metrics children of params.Group. The
-// caller holds m.mu.
+// caller holds m.mu. It calls setParamsLocked without c.mu: no other
+// goroutine can see c yet.
 func newController(m *Manager, name string, params ControllerParams, verr error, group *groupHandles) *Controller {
 	if m.levels == nil {
 		m.levels = m.logger().Logger

@@ -23,53 +23,90 @@
 // error, use golang.org/x/sync/errgroup. Controllers suit a moderate number
 // of long-lived tasks, each of which deserves a name.
 //
-// # A controller's life
+// # A controller's life: the run-loop rules
 //
 // [Manager.UpdateController] installs a controller under a name and starts
-// its goroutine, which calls DoFunc at once: always, even when the
-// controller is removed before the goroutine gets to run (DoFunc then gets
-// a context that is already cancelled). What comes next depends on what
-// DoFunc returned:
+// its goroutine. From then on the controller obeys eight rules. They are
+// numbered once, here; the code and the tests cite them as "rule N".
 //
-//   - nil: a success. The controller runs again after RunInterval; with a
-//     RunInterval of 0 it waits for an update or a trigger.
+// Rule 1, the first run. A new controller calls DoFunc at once, on its own
+// goroutine: always, even when it is removed before that goroutine gets to
+// run (DoFunc then gets a context that is already cancelled). A
+// controller whose parameters are invalid from the start makes no run.
+//
+// Rule 2, the run context. DoFunc gets the controller's run context:
+// derived from the parameters' Context (nil means Background), cancelled on
+// removal, and replaced, the old one cancelled, on an update or trigger
+// when CancelDoFuncOnUpdate is set, or on an update that brings a
+// different Context. Otherwise it is reused from run to run.
+//
+// Rule 3, what a run's result means:
+//
+//   - nil: a success. The success count goes up, the last-success time is
+//     set, the consecutive failures go back to 0 and the last error is
+//     cleared.
 //   - an [ExitReason], or an error wrapping one: done. It counts as a
 //     success, the reason stays visible as the last error, and the
-//     controller waits for an update or a trigger.
-//   - any error, after DoFunc's context was cancelled: recorded as the
-//     ExitReason "controller context canceled", never as a failure.
-//   - any other error, or a panic: a failure, retried after a wait that
-//     grows linearly with the number of failures in a row.
+//     controller waits for an update, a trigger or its removal.
+//   - any error, after the run context was cancelled: recorded as the
+//     ExitReason "controller context canceled", never as a failure. Once
+//     the parameters' Context itself has ended, the controller parks: no
+//     DoFunc runs on timers or triggers until an update brings a live
+//     Context.
+//   - any other error, or a panic (recovered; its error reads
+//     "panic: <value>" and the stack goes to the log): a failure. The
+//     failure count and the consecutive failures go up, and the last
+//     error and its time are set. An error whose own methods panic (a
+//     typed nil pointer returned as an error) is recorded as a failure
+//     whose message says so and names its type.
 //
-// The wait after the n-th failure since the last success or update is
+// Rule 4, the wait after a run, measured from the moment DoFunc returned.
+// After a success it is RunInterval; with a RunInterval of 0 the
+// controller waits for an update or a trigger. After the n-th failure
+// since the last success or update (n = 1, 2, 3, …) it is
 //
-//	min(n × ErrorRetryBaseDuration, MaxRetryInterval) + a random [0, Jitter)
+//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + random[0, Jitter)
 //
-// measured from the moment DoFunc returned. ErrorRetryBaseDuration
-// defaults to 1s, MaxRetryInterval of 0 means no cap and Jitter of 0 no
-// jitter, so by default a controller that keeps failing waits 1s, 2s, 3s,
-// 4s, …. Jitter is added after the cap, and to RunInterval waits as well,
-// but never to the first run or to a run caused by an update or trigger.
-// With MaxRetries > 0 the retries stop after that many failures since the
-// last success or update, and with NoErrorRetry there are none: the
-// controller then runs again only after RunInterval (if > 0), or on an
-// update or trigger.
+// where ErrorRetryBaseDuration defaults to 1s, the cap applies only when
+// MaxRetryInterval > 0, and the jitter, when Jitter > 0, comes after the
+// cap (a wait may exceed MaxRetryInterval by less than Jitter). The
+// arithmetic saturates at the largest [time.Duration]. With the defaults a
+// controller that keeps failing runs at
 //
-// While a controller waits, three things can happen to it:
+//	0s, 1s, 3s, 6s, 10s, 15s, …   (waits of 1s, 2s, 3s, 4s, 5s)
 //
-//   - [Manager.UpdateController] with the same name gives it new
-//     parameters. DoFunc runs at once with them and the backoff starts
-//     again at n = 1; the controller keeps its UUID and its statistics.
-//   - [Manager.TriggerController] makes DoFunc run at once with the same
-//     parameters; the backoff goes on where it was.
-//   - [Manager.RemoveController] (or RemoveControllerAndWait, RemoveAll,
-//     RemoveAllAndWait, Shutdown) cancels DoFunc's context. Once the running
-//     DoFunc has returned, StopFunc runs, the termination channel
-//     ([Manager.TerminationChannel]) is closed, and the goroutine ends.
+// and with MaxRetryInterval 3s at 0s, 1s, 3s, 6s, 9s, 12s, …. With
+// NoErrorRetry, or once n has reached MaxRetries > 0, no retry is
+// scheduled: the next run comes after RunInterval (if > 0), or on an
+// update or trigger; never in a busy loop. Jitter is added to every timed
+// wait (retries and RunInterval), never to the first run or to a run an
+// update or trigger asked for.
 //
-// Updates and triggers that arrive while DoFunc runs are not lost: they are
-// coalesced into one more run, with the newest parameters. When a removal
-// arrives with them, the removal wins.
+// Rule 5, while waiting. A removal ([Manager.RemoveController] and the
+// others) ends the loop. An update ([Manager.UpdateController] with the
+// same name) runs DoFunc at once with the new parameters and starts the
+// backoff again at n = 1. A trigger ([Manager.TriggerController]) runs
+// DoFunc at once and keeps n. Updates and triggers that arrive while
+// DoFunc runs are not lost: they are coalesced into one more run, with the
+// newest parameters. When a removal arrives with them, the removal wins
+// and no further DoFunc starts. With CancelDoFuncOnUpdate, the value in the
+// parameters the running DoFunc started with decides whether an update or
+// trigger cancels it.
+//
+// Rule 6, no overlap. At most one DoFunc of a controller runs at a time,
+// and DoFunc never overlaps its StopFunc.
+//
+// Rule 7, removal. The run context is cancelled; the loop ends once the
+// running DoFunc has returned; then, if DoFunc ran at least once, StopFunc
+// runs exactly once, with a context that keeps the values of the
+// parameters' Context, is not cancelled by the removal, and is cancelled
+// when a [Manager.Shutdown] deadline passes. A StopFunc error or panic is
+// recorded as a failure and logged. Then the termination channel
+// ([Manager.TerminationChannel]) is closed and the goroutine ends.
+//
+// Rule 8, identity. An update keeps the controller's UUID and its
+// counters; the group and every other setting follow the newest
+// parameters, metrics included.
 //
 // # The DoFunc and StopFunc contract
 //

@@ -5,9 +5,39 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"time"
 )
+
+// How the run loop stays cheap, and the test that fails when a trick stops
+// working:
+//
+//   - An idle controller keeps the 2 KiB stack its goroutine starts with:
+//     run's frame is small, and begin, afterRun and finish are out of line
+//     (//go:noinline), so their frames exist only while they run, at the
+//     depth of DoFunc. TestIdleControllerKeepsTheInitialStack.
+//   - A run allocates nothing: the timer is made once and reset, the run
+//     context is part of the Controller (runContext, which makes a real
+//     context only when DoFunc asks for Done), the message of a repeated
+//     error is the same string, and run counts go to the metrics' own
+//     collector. TestRunLoopDoesNotAllocate; a controller's whole life,
+//     TestControllerLifeAllocations.
+//   - A timed run whose state did not change is claimed with one
+//     CompareAndSwap, without the lock; the state table in controller.go
+//     says why that is safe. TestRemovalRacingATimedRunIsNotLost, and the
+//     storm (TestStorm) with every operation racing the claim.
+//   - The loop waits on one channel at a time (the timer's or signal),
+//     never a select, and reads the wall clock at most once a second
+//     (loop.offset). BenchmarkRunSuccess and BenchmarkRunFailure against
+//     BenchmarkFloor.
+//   - A failure that returns the same error value as the last one is not
+//     classified again (identical); its message is still read.
+//     TestReusedErrorWithNewMessage for the message, BenchmarkRunFailure
+//     for the cost.
+//   - The Controller fills its 416-byte size class to the last 2 bytes.
+//     TestControllerStaysInItsSizeClass; BenchmarkIdle for the whole
+//     footprint of an idle controller.
 
 // loop is the run loop's own state. It lives on the loop goroutine's stack
 // and only that goroutine touches it.
@@ -34,6 +64,11 @@ type loop struct {
 	lastFailure error
 }
 
+// parentEnded reports whether params.Context, the parent of the run
+// context, has ended: the one change to a controller that sets no state
+// bit.
+func (l *loop) parentEnded() bool { return l.ends && l.parent.Err() != nil }
+
 // offset returns the time since the anchor, reading only the monotonic
 // clock (about half the cost of a full reading). It renews the anchor when
 // that is a second old, so a step of the wall clock shows in the recorded
@@ -59,15 +94,13 @@ const (
 )
 
 // run is the controller's goroutine. Its owner is the Manager that
-// installed the controller, which joins it through the Manager's drain
+// installed the controller, which joins it through a stop cohort
 // (RemoveAllAndWait, Shutdown) or the termination channel
-// (RemoveControllerAndWait).
+// (RemoveControllerAndWait, TerminationChannel).
 //
-// The loop only wires signals and the timer. Its frame is kept small, and
-// everything heavy happens in helpers at the depth of DoFunc rather than
-// below it, so the goroutine's stack stays at its initial 2 KiB for an idle
-// controller. A timed run whose state did not change is claimed without
-// the lock.
+// The loop only wires signals and the timer; the decisions are begin's,
+// the bookkeeping afterRun's. A timed run whose state did not change is
+// claimed without the lock.
 func (c *Controller) run() {
 	var l loop
 	due := true // rule 1: the first run starts at once
@@ -81,9 +114,11 @@ func (c *Controller) run() {
 				<-c.signal
 			}
 		}
-		// A timer that fired with nothing else pending is a timed run:
-		// claim it without the lock.
-		if !fired || (l.ends && l.parent.Err() != nil) || !c.state.CompareAndSwap(stTimed, stRunning) {
+		// A timer that fired with nothing pending and a live parent
+		// context is a timed run, claimed without the lock: see the
+		// state table in controller.go for why that is safe.
+		claimed := fired && !l.parentEnded() && c.state.CompareAndSwap(stTimed, stRunning)
+		if !claimed {
 			switch c.begin(&l, due || fired) {
 			case actExit:
 				c.finish(&l)
@@ -107,6 +142,9 @@ func (c *Controller) run() {
 // run), waits, or exits. For a run, it sets l up and marks the controller
 // running.
 //
+// Out of line so that its locals, and the reporting of invalid parameters
+// it may do, never count in run's frame.
+//
 //go:noinline
 func (c *Controller) begin(l *loop, due bool) action {
 	c.mu.Lock()
@@ -125,12 +163,12 @@ func (c *Controller) begin(l *loop, due bool) action {
 		c.mu.Lock()
 	}
 	st := c.state.Load()
-	// Removal wins over every other signal. Only a valid controller whose
-	// goroutine had not started when it was removed still makes its first
-	// run (rule 1).
-	first := !l.begun
+	// Removal wins over every other signal (rule 5), but for the first
+	// run of valid parameters, which happens even when the controller was
+	// removed before its goroutine started (rule 1).
+	firstRunOwed := !l.begun && !l.ranDo && c.invalid == nil
 	l.begun = true
-	if st&stRemoved != 0 && (l.ranDo || c.invalid != nil || !first) {
+	if st&stRemoved != 0 && !firstRunOwed {
 		c.mu.Unlock()
 		return actExit
 	}
@@ -162,7 +200,78 @@ func (c *Controller) begin(l *loop, due bool) action {
 	return actRun
 }
 
+// afterRun ends a run: it classifies the result (rule 3), records it and
+// schedules the next run (rule 4) under the lock, then reports it to the
+// metrics, the HealthReporter and the log.
+//
+// Out of line so that its locals never count in run's frame: an idle
+// controller keeps run's frame on its stack, not afterRun's.
+//
+//go:noinline
+func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
+	o, err, msg := c.classify(l, err, stack)
+	if o == outcomeFailure {
+		l.step++
+	} else {
+		l.step = 0
+	}
+	c.mu.Lock()
+	c.lastRunDuration = took
+	ev := c.recordLocked(o, err, msg, end)
+	ev.gaveUp = c.scheduleLocked(l, o)
+	c.mu.Unlock()
+	c.report(l, o, err, ev, stack, took)
+}
+
+// scheduleLocked sets the loop up for its next wait after a run that ended
+// with o (rule 4): the timer is armed when the wait is timed and nothing
+// is pending (a signal that came during the run is in the signal channel
+// already). It reports whether this failure made the retries stop at
+// MaxRetries.
+func (c *Controller) scheduleLocked(l *loop, o outcome) (gaveUp bool) {
+	p := &c.params
+	var jitter time.Duration
+	if p.Jitter > 0 {
+		jitter = rand.N(p.Jitter)
+	}
+	wait, timed := nextWait(o, p, l.step, jitter)
+	st := c.state.Load() &^ stRunning
+	l.timed = timed && st == 0
+	if l.timed {
+		c.armTimerLocked(wait)
+		st = stTimed
+	}
+	c.state.Store(st)
+	return o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
+}
+
+// armTimerLocked makes the timer fire after wait, reusing it: a run makes
+// no timer of its own.
+func (c *Controller) armTimerLocked(wait time.Duration) {
+	switch {
+	case c.timer == nil:
+		c.timer = time.NewTimer(wait)
+	case c.timerPoked:
+		// A wake-up may have fired after the loop stopped waiting. Go's
+		// timers drop it on Reset, unless the program runs with
+		// GODEBUG=asynctimerchan=1: then it must be drained here, or the
+		// next wait would end at once.
+		if !c.timer.Stop() {
+			select {
+			case <-c.timer.C:
+			default:
+			}
+		}
+		c.timerPoked = false
+		c.timer.Reset(wait)
+	default:
+		c.timer.Reset(wait)
+	}
+}
+
 // finish ends the loop: StopFunc (rule 7), then termination.
+//
+// Out of line: it runs once, and its frame must not count in run's.
 //
 //go:noinline
 func (c *Controller) finish(l *loop) {

@@ -5,11 +5,7 @@ package controller
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"time"
 	"unsafe"
-
-	"github.com/sirupsen/logrus"
 )
 
 // mayBeCancelled reports whether the run context may have been cancelled:
@@ -20,99 +16,39 @@ func (c *Controller) mayBeCancelled(l *loop) bool {
 	return l.ends || c.state.Load()&(stRemoved|stUpdate|stTrigger) != 0
 }
 
-// afterRun records the outcome of a run (rule 3), arms the timer for the
-// next one (rule 4), and reports the run to metrics, the HealthReporter and
-// the log.
-//
-//go:noinline
-func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
-	o := outcomeSuccess
-	var msg string
+// classify decides what a run that returned err (and panicked with stack,
+// if not nil) was, by rule 3, and reads the error's message. The error it
+// returns is the one to record: err, errContextCanceled for a cancelled
+// run, or an unreadableError for an error whose methods panicked. It keeps
+// l.lastFailure, the value of the last failure, so that the same value
+// returned again is not classified anew.
+func (c *Controller) classify(l *loop, err error, stack []byte) (outcome, error, string) {
 	switch {
 	case err == nil:
-	case stack != nil:
-		o = outcomeFailure // a panic is a failure, cancelled or not
-		msg = err.Error()  // our own panicError
-	case c.mayBeCancelled(l) && l.ctx.Err() != nil:
-		err, msg, o = errContextCanceled, errContextCanceled.Error(), outcomeExit
-	default:
-		returned := err
-		// The same value as the last failure is a failure again, without
-		// asking its chain; its message is read anew all the same.
-		again := identical(err, l.lastFailure)
-		var exit bool
-		err, msg, exit = inspectError(err, !again)
-		_, unreadable := err.(*unreadableError)
-		switch {
-		case exit:
-			o = outcomeExit
-		case unreadable:
-			o = outcomeFailure // and inspected in full next time too
-		default:
-			o = outcomeFailure
-			l.lastFailure = returned
-		}
-	}
-	if o == outcomeFailure {
-		l.step++
-	} else {
-		l.step = 0
 		l.lastFailure = nil
+		return outcomeSuccess, nil, ""
+	case stack != nil:
+		// A panic is a failure, cancelled or not; panicError's message is
+		// our own.
+		return outcomeFailure, err, err.Error()
+	case c.mayBeCancelled(l) && l.ctx.Err() != nil:
+		l.lastFailure = nil
+		return outcomeExit, errContextCanceled, errContextCanceled.Error()
 	}
-
-	c.mu.Lock()
-	c.lastRunDuration = took
-	ev := c.recordLocked(o, err, msg, end)
-	p := &c.params
-	var jitter time.Duration
-	if p.Jitter > 0 {
-		jitter = rand.N(p.Jitter)
+	returned := err
+	// The same value as the last failure is a failure again, without
+	// asking its chain; its message is read anew all the same.
+	classified := identical(err, l.lastFailure)
+	err, msg, exit := inspectError(err, !classified)
+	_, unreadable := err.(*unreadableError)
+	switch {
+	case exit:
+		l.lastFailure = nil
+		return outcomeExit, err, msg
+	case !unreadable: // an unreadable one is inspected in full every time
+		l.lastFailure = returned
 	}
-	wait, timed := nextWait(o, p, l.step, jitter)
-	ev.gaveUp = o == outcomeFailure && !p.NoErrorRetry && p.MaxRetries > 0 && l.step == p.MaxRetries
-	// Arm the timer only when nothing is pending: a signal that came
-	// during the run is already in the signal channel.
-	st := c.state.Load() &^ stRunning
-	l.timed = timed && st == 0
-	if l.timed {
-		switch {
-		case c.timer == nil:
-			c.timer = time.NewTimer(wait)
-		case c.timerPoked:
-			// A wake-up may have fired after the loop stopped waiting.
-			// Go's timers drop it on Reset, unless the program runs with
-			// GODEBUG=asynctimerchan=1: then it must be drained here, or
-			// the next wait would end at once.
-			if !c.timer.Stop() {
-				select {
-				case <-c.timer.C:
-				default:
-				}
-			}
-			c.timerPoked = false
-			c.timer.Reset(wait)
-		default:
-			c.timer.Reset(wait)
-		}
-		st = stTimed
-	}
-	c.state.Store(st)
-	c.mu.Unlock()
-
-	c.met.observeRun(l.group, o == outcomeFailure, took)
-	if stack != nil {
-		c.met.countPanic(l.group)
-	}
-	if l.health != nil {
-		if o == outcomeFailure {
-			c.reportHealth(l.health, err)
-		} else {
-			c.reportHealth(l.health, nil)
-		}
-	}
-	if ev.any() || c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
-		c.logRun(o, err, ev, stack, l.step, took)
-	}
+	return outcomeFailure, err, msg
 }
 
 // runEvent is what a recorded run changed, for the log lines after it.

@@ -55,17 +55,9 @@ type HealthReporter interface {
 // but DoFunc is a valid choice; the comment on each field says what its zero
 // value means.
 //
-// The wait after a failed run grows linearly with the retry step n (1 for
-// the first failure after a success or an update, then 2, 3, …):
-//
-//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + jitter
-//
-// where the cap applies only when MaxRetryInterval > 0 and jitter is a
-// random duration in [0, Jitter). With the defaults (base 1s, no cap, no
-// jitter) a controller that keeps failing runs at 0s, 1s, 3s, 6s, 10s, 15s, …
-// (waits of 1s, 2s, 3s, 4s, 5s); with MaxRetryInterval 3s it runs at 0s, 1s,
-// 3s, 6s, 9s, 12s, … The arithmetic saturates at the largest
-// [time.Duration] instead of overflowing.
+// The wait after a failed run grows linearly with the number of failures
+// in a row, up to MaxRetryInterval: the formula, its defaults and a sample
+// sequence are rule 4 of the package documentation.
 type ControllerParams struct {
 	// Group is the metrics group of the controller. A run counts in the
 	// group of the parameters it started with, so after an update the

@@ -44,6 +44,25 @@ func recoverLog(name string) {
 	}
 }
 
+// report tells the metrics, the HealthReporter and the log about a run
+// that ended with o, after it was recorded.
+func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []byte, took time.Duration) {
+	c.met.observeRun(l.group, o == outcomeFailure, took)
+	if stack != nil {
+		c.met.countPanic(l.group)
+	}
+	if l.health != nil {
+		if o == outcomeFailure {
+			c.reportHealth(l.health, err)
+		} else {
+			c.reportHealth(l.health, nil)
+		}
+	}
+	if ev.any() || c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
+		c.logRun(o, err, ev, stack, l.step, took)
+	}
+}
+
 // logRun logs what a run changed: at Debug every run, at Warn the start of
 // a failure streak and a new message within one, at Info a recovery and
 // giving up, at Error a panic (once per streak or message).

@@ -64,12 +64,18 @@ func sameContext(a, b context.Context) (same bool) {
 // a context.WithCancel and delegates to it from then on, so children,
 // context.Cause and context.AfterFunc work through the standard machinery,
 // with no goroutine.
+//
+// Its fields are guarded by mu, with two exceptions for Err, which takes
+// no lock: cancelled and hasInner are atomic, and Err reads inner without
+// mu once it has seen hasInner set. That read is safe because inner is
+// written once, before hasInner is stored (under mu, in innerCtx), and
+// never again: the atomic load that sees hasInner true also sees inner.
 type runContext struct {
 	mu          sync.Mutex
-	cancelled   atomic.Bool     // set under mu; read without it by Err
-	hasInner    atomic.Bool     // inner is made: Err asks it, as Done does
-	inner       context.Context // made on demand
-	cancelInner context.CancelFunc
+	cancelled   atomic.Bool        // set under mu; read without it by Err
+	hasInner    atomic.Bool        // set under mu, after inner: Err asks inner, as Done does
+	inner       context.Context    // made on demand, once; see above
+	cancelInner context.CancelFunc // made with inner
 }
 
 func (r *runContext) innerCtx() context.Context {
@@ -80,7 +86,7 @@ func (r *runContext) innerCtx() context.Context {
 		if r.cancelled.Load() {
 			r.cancelInner()
 		}
-		r.hasInner.Store(true)
+		r.hasInner.Store(true) // after inner: Err reads inner once it sees this
 	}
 	return r.inner
 }

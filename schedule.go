@@ -8,6 +8,13 @@ import (
 	"time"
 )
 
+// The formula computed here is rule 4 of the package documentation:
+//
+//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + random[0, Jitter)
+//
+// e.g. with the defaults, waits of 1s, 2s, 3s, … after the 1st, 2nd, 3rd, …
+// failure in a row.
+
 // defaultErrorRetryBase is the retry unit when ErrorRetryBaseDuration is 0.
 const defaultErrorRetryBase = time.Second
 

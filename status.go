@@ -210,11 +210,9 @@ func (m *Manager) Health() error {
 	var fs []failingController
 	m.mu.Lock()
 	for _, c := range m.controllers {
-		c.mu.Lock()
-		if c.consecutiveFailures > 0 {
-			fs = append(fs, failingController{c.name, c.consecutiveFailures, c.lastErr})
+		if n, err := c.failure(); n > 0 {
+			fs = append(fs, failingController{c.name, n, err})
 		}
-		c.mu.Unlock()
 	}
 	m.mu.Unlock()
 	if len(fs) == 0 {
