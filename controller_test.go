@@ -1132,6 +1132,11 @@ func TestInvalidUpdateDuringAReportIsReported(t *testing.T) {
 // when a valid update and its removal reach it together: removal wins
 // (rule 5); only a controller removed before its goroutine started makes
 // its first run (rule 1). No DoFunc, so no StopFunc.
+//
+// "Together" means the loop sees both when it next looks. The loop takes
+// the controller's mu, not the Manager's, so the test applies the update
+// under c.mu without waking the loop (update is setParamsLocked plus a
+// wake), and lets the removal's wake be the one that reaches it.
 func TestRemovalWinsOverTheFirstValidUpdate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -1139,10 +1144,12 @@ func TestRemovalWinsOverTheFirstValidUpdate(t *testing.T) {
 		do := func(ctx context.Context) error { runs++; return nil }
 		stop := func(context.Context) error { stops++; return nil }
 		c := e.m.UpdateController("c", ControllerParams{DoFunc: do, StopFunc: stop, RunInterval: -1})
-		synctest.Wait() // the goroutine started and parked
-		e.m.mu.Lock()   // the update and the removal reach the loop together
-		c.update(ControllerParams{DoFunc: do, StopFunc: stop}, nil, e.metrics.group(""))
-		e.m.removeLocked(c)
+		synctest.Wait() // the goroutine started and parked, waiting for a signal
+		c.mu.Lock()
+		c.setParamsLocked(ControllerParams{DoFunc: do, StopFunc: stop}, nil, e.metrics.group(""))
+		c.mu.Unlock()
+		e.m.mu.Lock()
+		e.m.removeLocked(c) // wakes the loop, which finds the update and the removal
 		e.m.mu.Unlock()
 		<-c.terminationChannel()
 		assert.Zero(t, runs)
