@@ -31,7 +31,7 @@ import (
 // while the controllers' DoFuncs and StopFuncs succeed, fail, panic, exit,
 // block on their context or ignore it. The test records every DoFunc and
 // StopFunc call against the controller instance it ran on, and at two kinds
-// of quiescent points checks SPEC's promises exactly:
+// of quiescent points checks the package doc's rules exactly:
 //
 //   - a pause (mid-round): the workers are done with their half round and
 //     every DoFunc and StopFunc either has been fully accounted for or is
