@@ -253,144 +253,117 @@ func TestFaultDurationsNearMaxInt64(t *testing.T) {
 	}
 }
 
-// Rule 4: a controller failing with base 1s runs at 0s, 1s, 3s, 6s, 10s.
-func TestFailingControllerBacksOffLinearly(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder(errBoom)
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do})
-		time.Sleep(10*time.Second + time.Millisecond)
-		e.m.RemoveAllAndWait()
-		assert.Equal(t, secs(0, 1, 3, 6, 10), r.times())
-	})
-}
-
-func TestRetryWaitIsCappedByMaxRetryInterval(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder(errBoom)
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, ErrorRetryBaseDuration: 500 * time.Millisecond, MaxRetryInterval: time.Second})
-		time.Sleep(4*time.Second + time.Millisecond)
-		e.m.RemoveAllAndWait()
-		assert.Equal(t, secs(0, 0.5, 1.5, 2.5, 3.5), r.times())
-	})
-}
-
-// Rule 1: the first run starts at once.
-func TestFirstRunIsImmediateAndInterval(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder()
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: 5 * time.Second})
-		synctest.Wait()
-		assert.Equal(t, secs(0), r.times())
-		time.Sleep(15*time.Second + time.Millisecond)
-		e.m.RemoveAllAndWait()
-		assert.Equal(t, secs(0, 5, 10, 15), r.times())
-	})
-}
-
-// Rule 4: the wait is measured from the moment DoFunc returned.
-func TestWaitStartsWhenDoFuncReturns(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder()
-		r.took = 2 * time.Second
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: 5 * time.Second})
-		time.Sleep(14*time.Second + time.Millisecond)
-		e.m.RemoveAllAndWait()
-		assert.Equal(t, secs(0, 7, 14), r.times())
-	})
-}
-
-// Rule 4: NoErrorRetry with RunInterval 0 does not busy-loop (a Cilium bug):
-// a failure waits for an update or trigger.
-func TestNoErrorRetryWithoutIntervalRunsOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder(errBoom)
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, NoErrorRetry: true})
-		time.Sleep(24 * time.Hour)
-		assert.Equal(t, secs(0), r.times())
-		e.m.TriggerController("c")
-		synctest.Wait()
-		assert.Equal(t, secs(0, 86400), r.times())
-		e.m.RemoveAllAndWait()
-	})
-}
-
-func TestNoErrorRetryWithIntervalWaitsTheInterval(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder(errBoom)
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, NoErrorRetry: true, RunInterval: 5 * time.Second})
-		time.Sleep(10*time.Second + time.Millisecond)
-		e.m.RemoveAllAndWait()
-		assert.Equal(t, secs(0, 5, 10), r.times())
-	})
-}
-
-// Rule 4: once MaxRetries failures happened since the last success, no
-// retry is scheduled; the interval still applies.
-func TestMaxRetriesStopsRetrying(t *testing.T) {
-	t.Run("without interval", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			e := newEnv(t)
-			r := newRecorder(errBoom)
-			e.m.UpdateController("c", ControllerParams{DoFunc: r.do, MaxRetries: 3})
-			time.Sleep(time.Hour)
-			assert.Equal(t, secs(0, 1, 3), r.times())
-			assert.Equal(t, []string{"giving up retrying after 3 failures; next run on an update, a trigger or the RunInterval"}, e.logs(logrus.InfoLevel))
-			e.m.RemoveAllAndWait()
-		})
-	})
-	t.Run("with interval", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			e := newEnv(t)
-			r := newRecorder(errBoom)
-			e.m.UpdateController("c", ControllerParams{DoFunc: r.do, MaxRetries: 3, RunInterval: 10 * time.Second})
-			time.Sleep(23*time.Second + time.Millisecond)
-			e.m.RemoveAllAndWait()
-			assert.Equal(t, secs(0, 1, 3, 13, 23), r.times())
-		})
-	})
-	t.Run("an update starts a new count", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			e := newEnv(t)
-			r := newRecorder(errBoom)
-			p := ControllerParams{DoFunc: r.do, MaxRetries: 2}
-			e.m.UpdateController("c", p)
-			time.Sleep(time.Minute)
-			e.m.UpdateController("c", p)
-			time.Sleep(time.Minute)
-			e.m.RemoveAllAndWait()
-			assert.Equal(t, secs(0, 1, 60, 61), r.times())
-		})
-	})
-}
-
-// Rule 5: an update while waiting runs at once and resets the retry step; a
-// trigger runs at once and keeps it.
-func TestUpdateResetsRetryStepTriggerKeepsIt(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		poke func(m *Manager, p ControllerParams)
-		want []time.Duration
-	}{
-		{"update", func(m *Manager, p ControllerParams) { m.UpdateController("c", p) }, secs(0, 1, 3, 4, 5, 7)},
-		{"trigger", func(m *Manager, p ControllerParams) { m.TriggerController("c") }, secs(0, 1, 3, 4, 8)},
-	} {
+// The run times of one controller, end to end (rules 1, 4 and 5 of the
+// package doc): what a user sees of the retry formula, the interval,
+// NoErrorRetry and MaxRetries, and of an update or a trigger while it
+// waits. Each row installs a controller whose DoFunc returns results (the
+// last one repeating; none: success), checks that the first run started at
+// once, lets wait pass, optionally pokes it and lets then pass, and
+// compares the run times, before and after its removal.
+func TestSchedule(t *testing.T) {
+	cases := []struct {
+		name    string
+		p       ControllerParams // DoFunc is the recorder's
+		results []error
+		took    time.Duration // how long each DoFunc call takes
+		wait    time.Duration
+		poke    string          // "update" (the same params), "trigger", or none
+		atPoke  []time.Duration // the run times when it is poked; nil: not checked
+		then    time.Duration
+		want    []time.Duration
+		info    []string // the Info logs; nil: not checked
+	}{{
+		name:    "a failing controller backs off linearly from 1s: 0s, 1s, 3s, 6s, 10s",
+		results: []error{errBoom}, wait: 10*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 6, 10),
+	}, {
+		name:    "the retry wait is capped by MaxRetryInterval",
+		p:       ControllerParams{ErrorRetryBaseDuration: 500 * time.Millisecond, MaxRetryInterval: time.Second},
+		results: []error{errBoom}, wait: 4*time.Second + time.Millisecond,
+		want: secs(0, 0.5, 1.5, 2.5, 3.5),
+	}, {
+		name: "the first run is immediate, then one every RunInterval",
+		p:    ControllerParams{RunInterval: 5 * time.Second},
+		wait: 15*time.Second + time.Millisecond,
+		want: secs(0, 5, 10, 15),
+	}, {
+		name: "the wait starts when DoFunc returns",
+		p:    ControllerParams{RunInterval: 5 * time.Second},
+		took: 2 * time.Second, wait: 14*time.Second + time.Millisecond,
+		want: secs(0, 7, 14),
+	}, {
+		// A Cilium bug: NoErrorRetry with RunInterval 0 busy-looped.
+		name:    "NoErrorRetry without RunInterval waits for an update or trigger after a failure",
+		p:       ControllerParams{NoErrorRetry: true},
+		results: []error{errBoom}, wait: 24 * time.Hour,
+		poke: "trigger", atPoke: secs(0),
+		want: secs(0, 86400),
+	}, {
+		name:    "NoErrorRetry with RunInterval waits the interval after a failure",
+		p:       ControllerParams{NoErrorRetry: true, RunInterval: 5 * time.Second},
+		results: []error{errBoom}, wait: 10*time.Second + time.Millisecond,
+		want: secs(0, 5, 10),
+	}, {
+		name:    "MaxRetries failures since the last success stop the retries",
+		p:       ControllerParams{MaxRetries: 3},
+		results: []error{errBoom}, wait: time.Hour,
+		want: secs(0, 1, 3),
+		info: []string{"giving up retrying after 3 failures; next run on an update, a trigger or the RunInterval"},
+	}, {
+		name:    "after MaxRetries failures the RunInterval still applies",
+		p:       ControllerParams{MaxRetries: 3, RunInterval: 10 * time.Second},
+		results: []error{errBoom}, wait: 23*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 13, 23),
+	}, {
+		name:    "an update starts a new count of MaxRetries",
+		p:       ControllerParams{MaxRetries: 2},
+		results: []error{errBoom}, wait: time.Minute,
+		poke: "update", atPoke: secs(0, 1), then: time.Minute,
+		want: secs(0, 1, 60, 61),
+	}, {
+		// Runs at 0, 1, 3; the next is due at 6.
+		name:    "an update while waiting runs at once and resets the retry step",
+		results: []error{errBoom}, wait: 4 * time.Second,
+		poke: "update", atPoke: secs(0, 1, 3), then: 4*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 4, 5, 7),
+	}, {
+		name:    "a trigger while waiting runs at once and keeps the retry step",
+		results: []error{errBoom}, wait: 4 * time.Second,
+		poke: "trigger", atPoke: secs(0, 1, 3), then: 4*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 4, 8),
+	}}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				e := newEnv(t)
-				r := newRecorder(errBoom)
-				p := ControllerParams{DoFunc: r.do}
+				r := newRecorder(tc.results...)
+				r.took = tc.took
+				p := tc.p
+				p.DoFunc = r.do
 				e.m.UpdateController("c", p)
-				time.Sleep(4 * time.Second) // runs at 0, 1, 3; next due at 6
-				tc.poke(e.m, p)
-				time.Sleep(4*time.Second + time.Millisecond)
-				e.m.RemoveAllAndWait()
+				synctest.Wait()
+				assert.Equal(t, secs(0), r.times(), "the first run starts at once")
+				time.Sleep(tc.wait)
+				if tc.atPoke != nil {
+					assert.Equal(t, tc.atPoke, r.times(), "before the poke")
+				}
+				switch tc.poke {
+				case "update":
+					e.m.UpdateController("c", p)
+				case "trigger":
+					e.m.TriggerController("c")
+				case "":
+				default:
+					t.Fatalf("unknown poke %q", tc.poke)
+				}
+				time.Sleep(tc.then)
+				synctest.Wait()
 				assert.Equal(t, tc.want, r.times())
+				if tc.info != nil {
+					assert.Equal(t, tc.info, e.logs(logrus.InfoLevel))
+				}
+				e.m.RemoveAllAndWait()
+				assert.Equal(t, tc.want, r.times(), "no run after the removal")
 			})
 		})
 	}
