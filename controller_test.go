@@ -7,6 +7,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -120,5 +121,16 @@ func TestRemovalRacingATimedRunIsNotLost(t *testing.T) {
 		term := c.terminationChannel()
 		require.NoError(t, m.RemoveController("c"))
 		<-term
+	}
+}
+
+// A Controller is allocated from the runtime's 416-byte size class. A
+// user with a million controllers pays for every class it climbs: the
+// next one, 448 bytes, costs 32 MB more. A field added to Controller must
+// fit in that class.
+func TestControllerStaysInItsSizeClass(t *testing.T) {
+	const sizeClass = 416
+	if size := unsafe.Sizeof(Controller{}); size > sizeClass {
+		t.Errorf("Controller is %d bytes, more than its %d-byte size class: move a field out of it or find padding to put it in", size, sizeClass)
 	}
 }
