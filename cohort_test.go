@@ -9,6 +9,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -114,4 +116,68 @@ func TestShutdownNamesOnlyWhatItWaitedFor(t *testing.T) {
 		assert.EqualError(t, err, "controller: shutdown: context deadline exceeded; still running: stuck")
 		e.m.RemoveAllAndWait()
 	})
+}
+
+// RemoveAllAndWait and Shutdown wait for every controller removed before
+// they were called, until it has terminated and left controllers_active.
+// The storm found them returning early: a terminating controller left the
+// Manager's list of stopping controllers first, and only then left
+// controllers_active and closed its termination channel; a wait that came
+// in between did not wait for it. Here the controller is held in between by
+// a gauge that blocks on its decrement.
+func TestWaitsCoverAControllerThatIsTerminating(t *testing.T) {
+	for _, wait := range []string{"RemoveAllAndWait", "Shutdown"} {
+		t.Run(wait, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				met := NewMetrics(MetricsOpts{})
+				leave := make(chan struct{})
+				met.active = &heldGauge{Gauge: met.active, leave: leave}
+				m := NewManager(WithLogger(quietLogger()), WithMetrics(met))
+				c := m.UpdateController("c", ControllerParams{DoFunc: NoopFunc})
+				require.NoError(t, m.RemoveController("c"))
+				synctest.Wait() // c is terminating, held in its gauge decrement
+
+				returned := make(chan error, 1)
+				go func() {
+					if wait == "Shutdown" {
+						ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+						defer cancel()
+						returned <- m.Shutdown(ctx)
+						return
+					}
+					m.RemoveAllAndWait()
+					returned <- nil
+				}()
+				synctest.Wait()
+				if wait == "Shutdown" {
+					err := <-returned // at its deadline
+					assert.ErrorIs(t, err, context.DeadlineExceeded)
+					assert.ErrorContains(t, err, "still running: c")
+				} else {
+					assert.False(t, isClosed(terminationOf(c)))
+					assert.Empty(t, returned, "RemoveAllAndWait returned while c was terminating")
+				}
+				close(leave)
+				if wait != "Shutdown" {
+					require.NoError(t, <-returned)
+				}
+				<-terminationOf(c)
+				m.RemoveAllAndWait()
+				assert.Equal(t, 0.0, testutil.ToFloat64(met.active))
+			})
+		})
+	}
+}
+
+// heldGauge is a Gauge whose decrements wait until leave is closed.
+type heldGauge struct {
+	prometheus.Gauge
+	leave chan struct{}
+}
+
+func (g *heldGauge) Add(v float64) {
+	if v < 0 {
+		<-g.leave
+	}
+	g.Gauge.Add(v)
 }

@@ -292,3 +292,20 @@ func runInChild(t *testing.T, name string) {
 	require.NoError(t, err, "the child process did not survive:\n%s", out)
 	require.Contains(t, string(out), "--- PASS: "+name, "%s", out)
 }
+
+func isClosed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// terminationOf returns the channel closed when c has terminated, whether
+// or not c is still installed (TerminationChannel only knows installed
+// names).
+func terminationOf(c *Controller) <-chan struct{} { return c.terminationChannel() }
