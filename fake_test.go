@@ -9,6 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// FakeManager gives a test of a status consumer controllers that look
+// failing, with fixed names and UUIDs, and that can be triggered and
+// removed like real ones.
 func TestFakeManager(t *testing.T) {
 	m := FakeManager(2)
 	sts := m.GetStatusModel()

@@ -61,6 +61,8 @@ func TestInvalidParamsInstallAParkedController(t *testing.T) {
 	})
 }
 
+// A controller without a name is refused, logged at Error, and never
+// installed or counted.
 func TestEmptyNameIsRejected(t *testing.T) {
 	e := newEnv(t)
 	assert.Nil(t, e.m.UpdateController("", ControllerParams{DoFunc: NoopFunc}))
@@ -70,6 +72,9 @@ func TestEmptyNameIsRejected(t *testing.T) {
 	assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
 }
 
+// Operations on a name that is not installed say so: removals return an
+// error wrapping ErrControllerNotFound that names it, a trigger returns
+// false, Lookup nil, and TerminationChannel a closed channel.
 func TestUnknownNames(t *testing.T) {
 	e := newEnv(t)
 	err := e.m.RemoveController("ghost")
@@ -87,6 +92,8 @@ func TestUnknownNames(t *testing.T) {
 	}
 }
 
+// CreateController installs only a new name: on an installed one it
+// returns false and neither updates nor triggers the controller.
 func TestCreateControllerDoesNotReplace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -358,6 +365,8 @@ func TestZeroManager(t *testing.T) {
 	})
 }
 
+// GetStatusModel lists the controllers sorted by name, whatever the order
+// they were installed in.
 func TestStatusModelIsSortedByName(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)

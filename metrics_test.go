@@ -16,6 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// The metrics, as Prometheus gathers them, with a namespace, constant
+// labels and buckets of the user's: lint-clean and counting every run,
+// failure, panic and duration by outcome and group.
 func TestMetrics(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, MetricsOpts{Namespace: "cilium", ConstLabels: prometheus.Labels{"cluster": "c1"}, DurationBuckets: []float64{0.5, 2}})
@@ -66,6 +69,8 @@ cilium_controllers_runs_total{cluster="c1",status="success"} 1
 	})
 }
 
+// MetricsOpts: group metrics can be turned off, bad buckets panic at
+// NewMetrics with a message, and WithMetrics(nil) records nothing.
 func TestMetricsOptions(t *testing.T) {
 	t.Run("DisableGroupMetrics", func(t *testing.T) {
 		m := NewMetrics(MetricsOpts{DisableGroupMetrics: true})

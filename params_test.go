@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Validate names each invalid field and its value, wraps
+// ErrInvalidParams, and accepts the zero value of every field but DoFunc.
 func TestValidateNamesTheFieldAndValue(t *testing.T) {
 	cases := []struct {
 		name string

@@ -10,6 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
+// GetGlobalStatus lists the controllers of every Manager (not those of a
+// FakeManager), sorted by name and UUID; a Manager whose controllers are
+// all removed leaves it.
 func TestGetGlobalStatus(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m1, m2 := NewManager(WithMetrics(nil)), NewManager(WithMetrics(nil))

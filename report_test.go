@@ -41,6 +41,8 @@ func TestNoLogSpam(t *testing.T) {
 	})
 }
 
+// A failure streak logs one Warn, and another when the error's message
+// changes.
 func TestWarnOnChangedErrorWithinStreak(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)

@@ -191,6 +191,8 @@ func TestJitterOnlyOnTimedWaits(t *testing.T) {
 	})
 }
 
+// Rule 4: jitter is added after the MaxRetryInterval cap, so a capped wait
+// is at least the cap and less than the cap plus Jitter.
 func TestJitterAfterTheCap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)

@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// The status model serialises to Cilium's JSON (durations as strings,
+// timestamps in UTC) and round-trips losslessly.
 func TestStatusJSON(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -46,6 +48,9 @@ func TestStatusJSON(t *testing.T) {
 	})
 }
 
+// The JSON has Cilium's field names, and the fields Cilium lacks
+// (max-retry-interval, max-retries, jitter) only when set; a Duration
+// also reads nanoseconds, and bad input is an error that says what it wants.
 func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 	st := &ControllerStatus{Name: "n", UUID: "u",
 		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
@@ -172,6 +177,9 @@ func decodeStable(t *testing.T, raw []byte, newValue func() any) {
 	}
 }
 
+// FormatStatus writes Cilium's table: a healthy count, then every
+// controller or only the failing ones, sorted by name; nil parts read as
+// zero, and a write error is returned.
 func TestFormatStatus(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)

@@ -73,6 +73,9 @@ const (
 	stormMaxErrors = 30
 )
 
+// TestStorm: whatever a program does with a Manager, from any number of
+// goroutines at once, the rules of the package doc hold. Its log names
+// the seed; -storm.seed replays it and -storm.ops sets its length.
 func TestStorm(t *testing.T) {
 	seed := *stormSeed
 	if seed == 0 {

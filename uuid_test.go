@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// Every controller gets a distinct random UUID (version 4, RFC 4122
+// variant) in the canonical 36-character form.
 func TestUUIDsAreUniqueVersion4(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
