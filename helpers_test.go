@@ -187,12 +187,17 @@ func (b *blocker) counts() (started, cancelled int) {
 	return b.started, b.cancelled
 }
 
+// nopHealth is a HealthReporter that does nothing, for measuring the cost
+// of calling one.
 type nopHealth struct{}
 
 func (nopHealth) OK(string) {}
 
 func (nopHealth) Degraded(string, error) {}
 
+// benchManager is a Manager set up as a user's agent would set it up:
+// metrics on (a Metrics registered in a registry) and logrus at Info,
+// writing nowhere.
 func benchManager(b testing.TB) *Manager {
 	b.Helper()
 	logger, _ := test.NewNullLogger()
@@ -203,6 +208,7 @@ func benchManager(b testing.TB) *Manager {
 	return NewManager(WithLogger(logger), WithMetrics(met))
 }
 
+// names returns n distinct controller names.
 func names(n int) []string {
 	out := make([]string, n)
 	for i := range out {
@@ -250,6 +256,7 @@ func (c *countdown) fail(context.Context) error {
 	return errBoom
 }
 
+// mallocs returns the number of heap objects the process has allocated.
 func mallocs() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -293,6 +300,8 @@ func runInChild(t *testing.T, name string) {
 	require.Contains(t, string(out), "--- PASS: "+name, "%s", out)
 }
 
+// isClosed reports whether ch is closed, without blocking; a nil channel
+// is not.
 func isClosed(ch <-chan struct{}) bool {
 	if ch == nil {
 		return false
