@@ -191,8 +191,7 @@ func (b *blocker) counts() (started, cancelled int) {
 // of calling one.
 type nopHealth struct{}
 
-func (nopHealth) OK(string) {}
-
+func (nopHealth) OK(string)              {}
 func (nopHealth) Degraded(string, error) {}
 
 // benchManager is a Manager set up as a user's agent would set it up:

@@ -251,7 +251,6 @@ func (e *panickyErr) Error() string { return e.msg }
 type unwrapPanics struct{}
 
 func (unwrapPanics) Error() string { return "unwrap panics" }
-
 func (unwrapPanics) Unwrap() error { panic("Unwrap exploded") }
 
 // An error whose Error method panics (a typed nil returned as an error) is

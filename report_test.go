@@ -109,8 +109,7 @@ func TestHealthReporter(t *testing.T) {
 
 type panickingReporter struct{}
 
-func (panickingReporter) OK(string) { panic("ok") }
-
+func (panickingReporter) OK(string)              { panic("ok") }
 func (panickingReporter) Degraded(string, error) { panic("degraded") }
 
 // A HealthReporter that panics wherever it is called (after a run, for
@@ -164,8 +163,7 @@ func TestFaultHealthReporterPanics(t *testing.T) {
 
 type callbackReporter struct{ fn func(name string) }
 
-func (r *callbackReporter) OK(name string) { r.fn(name) }
-
+func (r *callbackReporter) OK(name string)                { r.fn(name) }
 func (r *callbackReporter) Degraded(name string, _ error) { r.fn(name) }
 
 // Two invalid updates that reach a controller while its DoFunc runs are
