@@ -61,11 +61,6 @@ func TestRunLoopDoesNotAllocate(t *testing.T) {
 	}
 }
 
-type nopHealth struct{}
-
-func (nopHealth) OK(string)              {}
-func (nopHealth) Degraded(string, error) {}
-
 // A controller's whole life (install, one successful run, removal) costs
 // at most 8 allocations, counted over 1,000 controllers.
 func TestControllerLifeAllocations(t *testing.T) {

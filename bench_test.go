@@ -3,17 +3,10 @@ package controller
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sirupsen/logrus"
-	"github.com/sirupsen/logrus/hooks/test"
 )
 
 // The benchmarks run as a user's agent would: metrics on (a Metrics
@@ -25,79 +18,6 @@ import (
 // runtime reuses the stacks of dead goroutines:
 //
 //	go test -run XXX -bench 'Idle/N=100k' -benchtime 1x
-
-func benchManager(b testing.TB) *Manager {
-	b.Helper()
-	logger, _ := test.NewNullLogger()
-	logger.SetLevel(logrus.InfoLevel)
-	met := NewMetrics(MetricsOpts{})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(met)
-	return NewManager(WithLogger(logger), WithMetrics(met))
-}
-
-func names(n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = "controller-" + strconv.Itoa(i)
-	}
-	return out
-}
-
-// heapAndStack returns the bytes of live heap objects and of goroutine
-// stacks, after a full collection.
-func heapAndStack() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc + ms.StackInuse
-}
-
-func mallocs() uint64 {
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.Mallocs
-}
-
-// countdown is a DoFunc that closes done on its n-th call, counting all
-// controllers sharing it.
-type countdown struct {
-	left atomic.Int64
-	done chan struct{}
-}
-
-func newCountdown(n int) *countdown {
-	c := &countdown{done: make(chan struct{})}
-	c.left.Store(int64(n))
-	return c
-}
-
-func (c *countdown) do(context.Context) error {
-	if c.left.Add(-1) == 0 {
-		close(c.done)
-	}
-	return nil
-}
-
-// installAll installs a controller under each name, all sharing one DoFunc
-// (its closure is not the library's cost), and returns once every first
-// run is done.
-func installAll(m *Manager, names []string) {
-	cd := newCountdown(len(names))
-	do := ControllerFunc(cd.do)
-	for _, name := range names {
-		m.UpdateController(name, ControllerParams{DoFunc: do})
-	}
-	<-cd.done
-}
-
-func (c *countdown) fail(context.Context) error {
-	if c.left.Add(-1) == 0 {
-		close(c.done)
-	}
-	return errBoom
-}
 
 // BenchmarkIdle reports the heap and stack bytes an idle controller holds:
 // one that has run once, successfully, with RunInterval 0.

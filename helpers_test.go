@@ -1,15 +1,25 @@
+// Helpers shared by the tests: a Manager with its own logger and metrics,
+// recording DoFuncs and HealthReporters, and the measurements the
+// performance tests take.
+
 package controller
 
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
+	"github.com/stretchr/testify/require"
 )
 
 // env is a Manager with its own logger hook and metrics, for one test.
@@ -112,14 +122,17 @@ type healthLog struct {
 }
 
 func (h *healthLog) OK(name string) { h.add("ok " + name) }
+
 func (h *healthLog) Degraded(name string, err error) {
 	h.add("degraded " + name + ": " + err.Error())
 }
+
 func (h *healthLog) add(s string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.events = append(h.events, s)
 }
+
 func (h *healthLog) all() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -137,3 +150,170 @@ func (m *Metrics) runsTotal(status int) float64 {
 	_, count, _ := m.runs[status].snapshot(m.upper)
 	return float64(count + m.runs[status].noDurRun.Load())
 }
+
+// blocker is a DoFunc that blocks until its context ends or it is released,
+// and records how each call ended.
+type blocker struct {
+	mu        sync.Mutex
+	started   int
+	cancelled int
+	release   chan struct{}
+	params    []int // the "version" of the parameters of each call
+}
+
+func newBlocker() *blocker { return &blocker{release: make(chan struct{})} }
+
+func (b *blocker) fn(version int) ControllerFunc {
+	return func(ctx context.Context) error {
+		b.mu.Lock()
+		b.started++
+		b.params = append(b.params, version)
+		b.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			b.mu.Lock()
+			b.cancelled++
+			b.mu.Unlock()
+			return ctx.Err()
+		case <-b.release:
+			return nil
+		}
+	}
+}
+
+func (b *blocker) counts() (started, cancelled int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.started, b.cancelled
+}
+
+// nopHealth is a HealthReporter that does nothing, for measuring the cost
+// of calling one.
+type nopHealth struct{}
+
+func (nopHealth) OK(string)              {}
+func (nopHealth) Degraded(string, error) {}
+
+// benchManager is a Manager set up as a user's agent would set it up:
+// metrics on (a Metrics registered in a registry) and logrus at Info,
+// writing nowhere.
+func benchManager(b testing.TB) *Manager {
+	b.Helper()
+	logger, _ := test.NewNullLogger()
+	logger.SetLevel(logrus.InfoLevel)
+	met := NewMetrics(MetricsOpts{})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(met)
+	return NewManager(WithLogger(logger), WithMetrics(met))
+}
+
+// names returns n distinct controller names.
+func names(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "controller-" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// installAll installs a controller under each name, all sharing one DoFunc
+// (its closure is not the library's cost), and returns once every first
+// run is done.
+func installAll(m *Manager, names []string) {
+	cd := newCountdown(len(names))
+	do := ControllerFunc(cd.do)
+	for _, name := range names {
+		m.UpdateController(name, ControllerParams{DoFunc: do})
+	}
+	<-cd.done
+}
+
+// countdown is a DoFunc that closes done on its n-th call, counting all
+// controllers sharing it.
+type countdown struct {
+	left atomic.Int64
+	done chan struct{}
+}
+
+func newCountdown(n int) *countdown {
+	c := &countdown{done: make(chan struct{})}
+	c.left.Store(int64(n))
+	return c
+}
+
+func (c *countdown) do(context.Context) error {
+	if c.left.Add(-1) == 0 {
+		close(c.done)
+	}
+	return nil
+}
+
+func (c *countdown) fail(context.Context) error {
+	if c.left.Add(-1) == 0 {
+		close(c.done)
+	}
+	return errBoom
+}
+
+// mallocs returns the number of heap objects the process has allocated.
+func mallocs() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs
+}
+
+// heapAndStack returns the bytes of live heap objects and of goroutine
+// stacks, after a full collection.
+func heapAndStack() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc + ms.StackInuse
+}
+
+// captureStderr points os.Stderr at a file until the test ends and returns
+// a function that reads what was written to it.
+func captureStderr(t *testing.T) func() string {
+	f, err := os.CreateTemp(t.TempDir(), "stderr")
+	require.NoError(t, err)
+	saved := os.Stderr
+	os.Stderr = f
+	t.Cleanup(func() { os.Stderr = saved; f.Close() })
+	return func() string {
+		b, err := os.ReadFile(f.Name())
+		require.NoError(t, err)
+		return string(b)
+	}
+}
+
+// runInChild runs the test named name again in a child process with
+// BGCTL_HOSTILE_CHILD=1 and fails if the child did not pass: the point of
+// such a test is that the process survives.
+func runInChild(t *testing.T, name string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "BGCTL_HOSTILE_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child process did not survive:\n%s", out)
+	require.Contains(t, string(out), "--- PASS: "+name, "%s", out)
+}
+
+// isClosed reports whether ch is closed, without blocking; a nil channel
+// is not.
+func isClosed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// terminationOf returns the channel closed when c has terminated, whether
+// or not c is still installed (TerminationChannel only knows installed
+// names).
+func terminationOf(c *Controller) <-chan struct{} { return c.terminationChannel() }

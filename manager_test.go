@@ -1,56 +1,20 @@
+// Tests of the Manager's operations: install, update, trigger, remove,
+// Shutdown, TerminationChannel, the status model.
+
 package controller
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"math"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-func TestValidateNamesTheFieldAndValue(t *testing.T) {
-	cases := []struct {
-		name string
-		p    ControllerParams
-		want string
-	}{
-		{"nil DoFunc", ControllerParams{}, "DoFunc must not be nil"},
-		{"RunInterval", ControllerParams{DoFunc: NoopFunc, RunInterval: -time.Second}, "RunInterval must not be negative, got -1s"},
-		{"ErrorRetryBaseDuration", ControllerParams{DoFunc: NoopFunc, ErrorRetryBaseDuration: -2 * time.Millisecond}, "ErrorRetryBaseDuration must not be negative, got -2ms"},
-		{"MaxRetryInterval", ControllerParams{DoFunc: NoopFunc, MaxRetryInterval: -3 * time.Second}, "MaxRetryInterval must not be negative, got -3s"},
-		{"Jitter", ControllerParams{DoFunc: NoopFunc, Jitter: -time.Nanosecond}, "Jitter must not be negative, got -1ns"},
-		{"MaxRetries", ControllerParams{DoFunc: NoopFunc, MaxRetries: -4}, "MaxRetries must not be negative, got -4"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.p.Validate()
-			require.Error(t, err)
-			assert.ErrorIs(t, err, ErrInvalidParams)
-			assert.EqualError(t, err, "invalid controller parameters: "+tc.want)
-		})
-	}
-	t.Run("every problem is named", func(t *testing.T) {
-		err := ControllerParams{RunInterval: -1, Jitter: -1}.Validate()
-		assert.ErrorContains(t, err, "DoFunc")
-		assert.ErrorContains(t, err, "RunInterval")
-		assert.ErrorContains(t, err, "Jitter")
-	})
-	t.Run("the zero value of every other field is valid", func(t *testing.T) {
-		assert.NoError(t, ControllerParams{DoFunc: NoopFunc}.Validate())
-		assert.NoError(t, ControllerParams{DoFunc: NoopFunc, RunInterval: math.MaxInt64, MaxRetries: math.MaxInt}.Validate())
-	})
-}
 
 // Invalid parameters install a visible, parked controller: one failure with
 // the validation error, one Error log, Health.Degraded, counted as failing,
@@ -97,6 +61,8 @@ func TestInvalidParamsInstallAParkedController(t *testing.T) {
 	})
 }
 
+// A controller without a name is refused, logged at Error, and never
+// installed or counted.
 func TestEmptyNameIsRejected(t *testing.T) {
 	e := newEnv(t)
 	assert.Nil(t, e.m.UpdateController("", ControllerParams{DoFunc: NoopFunc}))
@@ -106,6 +72,9 @@ func TestEmptyNameIsRejected(t *testing.T) {
 	assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
 }
 
+// Operations on a name that is not installed say so: removals return an
+// error wrapping ErrControllerNotFound that names it, a trigger returns
+// false, Lookup nil, and TerminationChannel a closed channel.
 func TestUnknownNames(t *testing.T) {
 	e := newEnv(t)
 	err := e.m.RemoveController("ghost")
@@ -123,6 +92,8 @@ func TestUnknownNames(t *testing.T) {
 	}
 }
 
+// CreateController installs only a new name: on an installed one it
+// returns false and neither updates nor triggers the controller.
 func TestCreateControllerDoesNotReplace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -167,32 +138,123 @@ func TestReinstallWhileOldStopFuncRuns(t *testing.T) {
 	})
 }
 
-// RemoveAllAndWait and Shutdown also wait for controllers removed earlier
-// and still stopping.
-func TestWaitsIncludeEarlierRemovals(t *testing.T) {
-	for _, name := range []string{"RemoveAllAndWait", "Shutdown"} {
-		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				e := newEnv(t)
-				stopped := false
-				e.m.UpdateController("a", ControllerParams{DoFunc: NoopFunc, StopFunc: func(context.Context) error {
-					time.Sleep(time.Minute)
-					stopped = true
-					return nil
-				}})
-				synctest.Wait()
-				require.NoError(t, e.m.RemoveController("a"))
-				start := time.Now()
-				if name == "Shutdown" {
-					require.NoError(t, e.m.Shutdown(context.Background()))
-				} else {
-					e.m.RemoveAllAndWait()
-				}
-				assert.True(t, stopped)
-				assert.Equal(t, time.Minute, time.Since(start))
-			})
-		})
-	}
+// TerminationChannel of a controller that was removed and is still running
+// its StopFunc is closed only once the StopFunc returned; once the name is
+// installed again, it is the new controller's channel.
+func TestTerminationChannelAfterRemoval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.m.UpdateController("t", ControllerParams{DoFunc: NoopFunc, StopFunc: func(context.Context) error {
+			time.Sleep(5 * time.Second)
+			return nil
+		}})
+		synctest.Wait()
+		start := time.Now()
+		require.NoError(t, e.m.RemoveController("t"))
+		ch := e.m.TerminationChannel("t")
+		select {
+		case <-ch:
+			t.Fatal("closed while the StopFunc still runs")
+		default:
+		}
+		<-ch
+		assert.Equal(t, 5*time.Second, time.Since(start), "closed when the StopFunc returned")
+
+		select {
+		case <-e.m.TerminationChannel("t"):
+		default:
+			t.Fatal("a terminated controller's name gives a closed channel")
+		}
+
+		e.m.UpdateController("u", ControllerParams{DoFunc: NoopFunc, StopFunc: func(context.Context) error {
+			time.Sleep(time.Second)
+			return nil
+		}})
+		synctest.Wait()
+		require.NoError(t, e.m.RemoveController("u"))
+		e.m.UpdateController("u", ControllerParams{DoFunc: NoopFunc})
+		synctest.Wait()
+		select {
+		case <-e.m.TerminationChannel("u"):
+			t.Fatal("the installed controller's channel, open while it is installed")
+		case <-time.After(2 * time.Second):
+		}
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// A DoFunc that ignores its context: removal returns at once and nothing
+// else blocks.
+func TestRemoveDoesNotWaitForAStuckDoFunc(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		stuck := make(chan struct{})
+		e.m.UpdateController("stuck", ControllerParams{DoFunc: func(context.Context) error { <-stuck; return nil }})
+		synctest.Wait()
+		require.NoError(t, e.m.RemoveController("stuck"))
+		e.m.UpdateController("other", ControllerParams{DoFunc: NoopFunc})
+		assert.Len(t, e.m.GetStatusModel(), 1)
+		assert.NoError(t, e.m.Health())
+		close(stuck)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// A DoFunc that never returns and ignores its context holds up nothing but
+// itself: RemoveController returns at once, the other controllers of the
+// Manager go on running and can be updated, triggered and removed, status
+// and Health answer, and Shutdown returns at its deadline naming it and only
+// it. (TestRemoveDoesNotWaitForAStuckDoFunc and TestShutdownDeadline cover
+// the removal and the deadline on their own.)
+func TestFaultDoFuncIgnoresItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		never := make(chan struct{}) // closed only to let the bubble end
+		var cancelled bool
+		e.m.UpdateController("stuck", ControllerParams{DoFunc: func(ctx context.Context) error {
+			<-never
+			cancelled = ctx.Err() != nil
+			return nil
+		}})
+		ticker := newRecorder()
+		e.m.UpdateController("ticker", ControllerParams{DoFunc: ticker.do, RunInterval: time.Second})
+		synctest.Wait()
+
+		start := time.Now()
+		require.NoError(t, e.m.RemoveController("stuck"))
+		assert.Zero(t, time.Since(start), "RemoveController returns at once")
+
+		time.Sleep(10*time.Second + time.Millisecond)
+		assert.Len(t, ticker.times(), 11, "the other controller keeps its interval")
+		assert.True(t, e.m.TriggerController("ticker"))
+		synctest.Wait()
+		e.m.UpdateController("ticker", ControllerParams{DoFunc: ticker.do, RunInterval: time.Second, Group: NewGroup("g")})
+		synctest.Wait()
+		assert.Len(t, ticker.times(), 13, "a trigger and an update each run it at once")
+		assert.Len(t, e.m.GetStatusModel(), 1)
+		assert.NoError(t, e.m.Health())
+		require.NoError(t, e.m.RemoveControllerAndWait("ticker"))
+		assert.Zero(t, time.Since(start)-10*time.Second-time.Millisecond, "removing the other controller waits for nothing")
+
+		fresh := newRecorder()
+		e.m.UpdateController("stuck", ControllerParams{DoFunc: fresh.do})
+		synctest.Wait()
+		assert.Equal(t, 1, fresh.count(), "the name can be installed again while the old DoFunc hangs")
+
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		start = time.Now()
+		err := e.m.Shutdown(ctx)
+		assert.Equal(t, 5*time.Second, time.Since(start), "Shutdown returns at its deadline")
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.EqualError(t, err, "controller: shutdown: context deadline exceeded; still running: stuck")
+		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.active), "only the hanging controller is left")
+
+		close(never)
+		require.NoError(t, e.m.Shutdown(context.Background()))
+		assert.True(t, cancelled, "its context had been cancelled all along")
+		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
+	})
 }
 
 // Shutdown bounds the wait: at its deadline it cancels the StopFunc contexts
@@ -235,20 +297,56 @@ func TestShutdownDeadline(t *testing.T) {
 	})
 }
 
-// A DoFunc that ignores its context: removal returns at once and nothing
-// else blocks.
-func TestRemoveDoesNotWaitForAStuckDoFunc(t *testing.T) {
+// A StopFunc that blocks until its context ends: the removal returns at
+// once, the controller stays active (stopping) for as long as it blocks,
+// and only a Shutdown deadline ends it, naming it; the StopFunc then sees
+// context.Canceled, and its error is recorded as a failure logged at Warn.
+// A StopFunc that starts only after the deadline passed (its DoFunc was
+// still running) gets an already cancelled context. (TestShutdownDeadline
+// shows the cancellation itself.)
+func TestFaultStopFuncBlocksUntilItsContextEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
-		stuck := make(chan struct{})
-		e.m.UpdateController("stuck", ControllerParams{DoFunc: func(context.Context) error { <-stuck; return nil }})
+		waitForCtx := func(ctx context.Context) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		release := make(chan struct{})
+		var lateStopErr error
+		a := e.m.UpdateController("a", ControllerParams{DoFunc: NoopFunc, StopFunc: waitForCtx})
+		b := e.m.UpdateController("b", ControllerParams{
+			DoFunc: func(context.Context) error { <-release; return nil }, // still running at the deadline
+			StopFunc: func(ctx context.Context) error {
+				lateStopErr = ctx.Err()
+				return nil
+			},
+		})
 		synctest.Wait()
-		require.NoError(t, e.m.RemoveController("stuck"))
-		e.m.UpdateController("other", ControllerParams{DoFunc: NoopFunc})
-		assert.Len(t, e.m.GetStatusModel(), 1)
-		assert.NoError(t, e.m.Health())
-		close(stuck)
-		e.m.RemoveAllAndWait()
+
+		start := time.Now()
+		require.NoError(t, e.m.RemoveController("a"))
+		assert.Zero(t, time.Since(start))
+		time.Sleep(time.Hour)
+		assert.False(t, isClosed(terminationOf(a)), "the StopFunc still blocks an hour later")
+		assert.Equal(t, 2.0, testutil.ToFloat64(e.metrics.active))
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		start = time.Now()
+		err := e.m.Shutdown(ctx)
+		assert.Equal(t, time.Minute, time.Since(start))
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.EqualError(t, err, "controller: shutdown: context deadline exceeded; still running: a, b")
+		synctest.Wait()
+		assert.True(t, isClosed(terminationOf(a)), "cancelled at the deadline, the StopFunc returned")
+		assert.ErrorIs(t, a.GetLastError(), context.Canceled)
+		assert.Equal(t, 1, a.GetFailureCount())
+		assert.Equal(t, []string{"StopFunc failed"}, e.logs(logrus.WarnLevel))
+
+		close(release)
+		<-terminationOf(b)
+		assert.ErrorIs(t, lateStopErr, context.Canceled, "a StopFunc that starts after the deadline gets a cancelled context")
+		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
 	})
 }
 
@@ -267,270 +365,8 @@ func TestZeroManager(t *testing.T) {
 	})
 }
 
-func TestStatusJSON(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		r := newRecorder(errBoom, nil)
-		r.took = 1500 * time.Millisecond
-		c := e.m.UpdateController("sync", ControllerParams{DoFunc: r.do, RunInterval: time.Minute, Group: NewGroup("g")})
-		time.Sleep(3 * time.Second) // fails at 0-1.5s, succeeds at 2.5-4s
-		b, err := json.Marshal(e.m.GetStatusModel())
-		require.NoError(t, err)
-		want := `[{"name":"sync","uuid":"` + c.UUID() + `",` +
-			`"configuration":{"error-retry":true,"error-retry-base":"1s","interval":"1m0s","group":"g"},` +
-			`"status":{"success-count":0,"failure-count":1,"consecutive-failure-count":1,` +
-			`"last-failure-msg":"boom","last-failure-timestamp":"2000-01-01T00:00:01.5Z","last-run-duration":"1.5s"}}]`
-		assert.JSONEq(t, want, string(b))
-
-		time.Sleep(2 * time.Second)
-		st := c.GetStatusModel()
-		b, err = json.Marshal(st)
-		require.NoError(t, err)
-		var back ControllerStatus
-		require.NoError(t, json.Unmarshal(b, &back))
-		assert.Equal(t, st, &back, "JSON round-trips losslessly")
-		assert.Contains(t, string(b), `"last-success-timestamp":"2000-01-01T00:00:04Z"`)
-		e.m.RemoveAllAndWait()
-	})
-}
-
-func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
-	st := &ControllerStatus{Name: "n", UUID: "u",
-		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
-			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second)},
-		Status: &ControllerStatusStatus{}}
-	b, err := json.Marshal(st)
-	require.NoError(t, err)
-	assert.JSONEq(t, `{"name":"n","uuid":"u","configuration":{"error-retry":false,"error-retry-base":"1s","interval":"0s",
-		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s"},
-		"status":{"success-count":0,"failure-count":0,"consecutive-failure-count":0,"last-failure-msg":""}}`, string(b))
-
-	var d Duration
-	require.NoError(t, json.Unmarshal([]byte(`1500000000`), &d), "nanoseconds are accepted")
-	assert.Equal(t, Duration(1500*time.Millisecond), d)
-	assert.ErrorContains(t, json.Unmarshal([]byte(`"soon"`), &d), "controller.Duration")
-	assert.ErrorContains(t, json.Unmarshal([]byte(`true`), &d), "want a duration string or nanoseconds")
-	var sts ControllerStatuses
-	assert.Error(t, json.Unmarshal([]byte(`[{"name":`), &sts))
-}
-
-func TestFormatStatus(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		e.m.UpdateController("zeta-ok", ControllerParams{DoFunc: NoopFunc})
-		e.m.UpdateController("alpha-failing", ControllerParams{DoFunc: func(context.Context) error {
-			return errors.New("connection refused")
-		}})
-		e.m.UpdateController("mid-done", ControllerParams{DoFunc: func(context.Context) error {
-			return NewExitReason("annotation applied")
-		}})
-		time.Sleep(65 * time.Second)
-
-		var all bytes.Buffer
-		require.NoError(t, FormatStatus(&all, e.m.GetStatusModel(), true))
-		assert.Equal(t, strings.Join([]string{
-			"Controller Status: 2/3 healthy",
-			"Name            Last success   Last error   Count   Message",
-			"alpha-failing   never          10s ago      11      connection refused",
-			"mid-done        1m5s ago       never        0       annotation applied",
-			"zeta-ok         1m5s ago       never        0       no error",
-			""}, "\n"), all.String())
-
-		var failing bytes.Buffer
-		require.NoError(t, FormatStatus(&failing, e.m.GetStatusModel(), false))
-		assert.Equal(t, strings.Join([]string{
-			"Controller Status: 2/3 healthy",
-			"Name            Last success   Last error   Count   Message",
-			"alpha-failing   never          10s ago      11      connection refused",
-			""}, "\n"), failing.String())
-		e.m.RemoveAllAndWait()
-
-		var none bytes.Buffer
-		require.NoError(t, FormatStatus(&none, ControllerStatuses{{Name: "bare"}, nil}, false))
-		assert.Equal(t, "Controller Status: 1/1 healthy\n", none.String())
-		require.NoError(t, FormatStatus(&none, ControllerStatuses{{Name: "bare"}}, true), "nil parts read as zero")
-		assert.Contains(t, none.String(), "bare   never          never        0       no error")
-		assert.Error(t, FormatStatus(failingWriter{}, nil, true))
-	})
-}
-
-type failingWriter struct{}
-
-func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
-
-// Health names each failing controller, sorted, and wraps its last error;
-// it agrees with controllers_failing and FormatStatus.
-func TestHealthAgreesWithMetricsAndFormatStatus(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		refused := errors.New("connection refused")
-		e.m.UpdateController("b", ControllerParams{DoFunc: func(context.Context) error { return refused }})
-		e.m.UpdateController("a", ControllerParams{DoFunc: func(context.Context) error { return errBoom }})
-		e.m.UpdateController("ok", ControllerParams{DoFunc: NoopFunc})
-		time.Sleep(3*time.Second + time.Millisecond)
-		err := e.m.Health()
-		assert.EqualError(t, err, "controller \"a\": 3 consecutive failures: boom\ncontroller \"b\": 3 consecutive failures: connection refused")
-		assert.ErrorIs(t, err, refused)
-		assert.Equal(t, 2.0, testutil.ToFloat64(e.metrics.failing))
-		var buf bytes.Buffer
-		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), false))
-		assert.True(t, strings.HasPrefix(buf.String(), "Controller Status: 1/3 healthy\n"))
-
-		require.NoError(t, e.m.RemoveControllerAndWait("a"))
-		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing), "a removed controller leaves the gauge")
-		assert.EqualError(t, e.m.Health(), "controller \"b\": 3 consecutive failures: connection refused")
-		e.m.RemoveAllAndWait()
-		assert.NoError(t, e.m.Health())
-	})
-}
-
-func TestMetrics(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, MetricsOpts{Namespace: "cilium", ConstLabels: prometheus.Labels{"cluster": "c1"}, DurationBuckets: []float64{0.5, 2}})
-		r := newRecorder(errBoom, errBoom, nil)
-		r.took = time.Second
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, Group: NewGroup("sync")})
-		e.m.UpdateController("p", ControllerParams{DoFunc: func(context.Context) error { panic("x") }, NoErrorRetry: true})
-		time.Sleep(7 * time.Second) // c: fails 0-1, 2-3, succeeds 5-6
-		problems, err := testutil.GatherAndLint(e.reg)
-		require.NoError(t, err)
-		assert.Empty(t, problems)
-		want := `
-# HELP cilium_controllers_active Number of controllers installed and not yet terminated.
-# TYPE cilium_controllers_active gauge
-cilium_controllers_active{cluster="c1"} 2
-# HELP cilium_controllers_failing Number of controllers whose consecutive failure count is above zero.
-# TYPE cilium_controllers_failing gauge
-cilium_controllers_failing{cluster="c1"} 1
-# HELP cilium_controllers_group_runs_total Number of controller runs by group and outcome.
-# TYPE cilium_controllers_group_runs_total counter
-cilium_controllers_group_runs_total{cluster="c1",group_name="sync",status="failure"} 2
-cilium_controllers_group_runs_total{cluster="c1",group_name="sync",status="success"} 1
-# HELP cilium_controllers_panics_total Number of panics recovered from controllers' DoFunc and StopFunc, by group.
-# TYPE cilium_controllers_panics_total counter
-cilium_controllers_panics_total{cluster="c1",group_name=""} 1
-cilium_controllers_panics_total{cluster="c1",group_name="sync"} 0
-# HELP cilium_controllers_runs_duration_seconds Duration of controller runs (DoFunc calls) in seconds, by outcome.
-# TYPE cilium_controllers_runs_duration_seconds histogram
-cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="failure",le="0.5"} 1
-cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="failure",le="2"} 3
-cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="failure",le="+Inf"} 3
-cilium_controllers_runs_duration_seconds_sum{cluster="c1",status="failure"} 2
-cilium_controllers_runs_duration_seconds_count{cluster="c1",status="failure"} 3
-cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="success",le="0.5"} 0
-cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="success",le="2"} 1
-cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="success",le="+Inf"} 1
-cilium_controllers_runs_duration_seconds_sum{cluster="c1",status="success"} 1
-cilium_controllers_runs_duration_seconds_count{cluster="c1",status="success"} 1
-# HELP cilium_controllers_runs_total Number of controller runs (DoFunc calls, and failed StopFunc calls), by outcome.
-# TYPE cilium_controllers_runs_total counter
-cilium_controllers_runs_total{cluster="c1",status="failure"} 3
-cilium_controllers_runs_total{cluster="c1",status="success"} 1
-`
-		assert.NoError(t, testutil.GatherAndCompare(e.reg, strings.NewReader(want)))
-		e.m.RemoveAllAndWait()
-		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
-		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.failing))
-	})
-}
-
-func TestMetricsOptions(t *testing.T) {
-	t.Run("DisableGroupMetrics", func(t *testing.T) {
-		m := NewMetrics(MetricsOpts{DisableGroupMetrics: true})
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(m)
-		mfs, err := reg.Gather()
-		require.NoError(t, err)
-		for _, mf := range mfs {
-			assert.NotEqual(t, "controllers_group_runs_total", mf.GetName())
-		}
-	})
-	t.Run("bad buckets", func(t *testing.T) {
-		assert.PanicsWithValue(t, "controller: NewMetrics: MetricsOpts.DurationBuckets must be strictly increasing, got [1 1]",
-			func() { NewMetrics(MetricsOpts{DurationBuckets: []float64{1, 1}}) })
-	})
-	t.Run("WithMetrics(nil) turns metrics off", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			before := DefaultMetrics.runsTotal(runFailure)
-			m := NewManager(WithMetrics(nil), WithLogger(quietLogger()))
-			m.UpdateController("c", ControllerParams{DoFunc: func(context.Context) error { panic("x") }})
-			synctest.Wait()
-			m.RemoveAllAndWait()
-			assert.Equal(t, before, DefaultMetrics.runsTotal(runFailure))
-		})
-	})
-}
-
-// A Metrics shared by several Managers reports the sum of their gauges.
-func TestMetricsSharedByManagers(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		met := NewMetrics(MetricsOpts{})
-		m1, m2 := NewManager(WithMetrics(met), WithLogger(quietLogger())), NewManager(WithMetrics(met), WithLogger(quietLogger()))
-		m1.UpdateController("a", ControllerParams{DoFunc: func(context.Context) error { return errBoom }})
-		m2.UpdateController("a", ControllerParams{DoFunc: func(context.Context) error { return errBoom }})
-		m2.UpdateController("b", ControllerParams{DoFunc: NoopFunc})
-		synctest.Wait()
-		assert.Equal(t, 3.0, testutil.ToFloat64(met.active))
-		assert.Equal(t, 2.0, testutil.ToFloat64(met.failing))
-		m1.RemoveAllAndWait()
-		assert.Equal(t, 2.0, testutil.ToFloat64(met.active))
-		assert.Equal(t, 1.0, testutil.ToFloat64(met.failing))
-		m2.RemoveAllAndWait()
-	})
-}
-
-func TestGetGlobalStatus(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m1, m2 := NewManager(WithMetrics(nil)), NewManager(WithMetrics(nil))
-		a2 := m2.UpdateController("global-a", ControllerParams{DoFunc: NoopFunc})
-		a1 := m1.UpdateController("global-a", ControllerParams{DoFunc: NoopFunc})
-		m1.UpdateController("global-b", ControllerParams{DoFunc: NoopFunc})
-		fake := FakeManager(1)
-		var names []string
-		for _, s := range GetGlobalStatus() {
-			if strings.HasPrefix(s.Name, "global-") || strings.HasPrefix(s.Name, "controller-") {
-				names = append(names, s.Name+"/"+s.UUID)
-			}
-		}
-		first, second := a1.UUID(), a2.UUID()
-		if second < first {
-			first, second = second, first
-		}
-		assert.Equal(t, []string{"global-a/" + first, "global-a/" + second, "global-b/" + m1.Lookup("global-b").UUID()}, names)
-		m1.RemoveAllAndWait()
-		m2.RemoveAllAndWait()
-		fake.RemoveAllAndWait()
-		for _, s := range GetGlobalStatus() {
-			assert.False(t, strings.HasPrefix(s.Name, "global-"))
-		}
-		registry.mu.Lock()
-		_, held := registry.managers[m1]
-		registry.mu.Unlock()
-		assert.False(t, held, "an emptied Manager leaves the registry")
-	})
-}
-
-func TestFakeManager(t *testing.T) {
-	m := FakeManager(2)
-	sts := m.GetStatusModel()
-	require.Len(t, sts, 2)
-	assert.Equal(t, "controller-0", sts[0].Name)
-	assert.Equal(t, "00000000-0000-4000-8000-000000000001", sts[1].UUID)
-	assert.Equal(t, "controller failed", sts[0].Status.LastFailureMsg)
-	assert.Equal(t, int64(1), sts[1].Status.ConsecutiveFailureCount)
-	assert.ErrorContains(t, m.Health(), `controller "controller-1": 1 consecutive failures: controller failed`)
-	assert.True(t, m.TriggerController("controller-0"))
-	term := m.TerminationChannel("controller-0")
-	require.NoError(t, m.RemoveController("controller-0"))
-	select {
-	case <-term:
-	default:
-		t.Fatal("removal did not close the termination channel")
-	}
-	m.RemoveAllAndWait()
-	assert.Empty(t, m.GetStatusModel())
-}
-
+// GetStatusModel lists the controllers sorted by name, whatever the order
+// they were installed in.
 func TestStatusModelIsSortedByName(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -567,20 +403,4 @@ func TestRemovedControllersAreReleased(t *testing.T) {
 		e.m.RemoveAllAndWait()
 		assert.Nil(t, e.m.stopping)
 	})
-}
-
-// The run duration sum stays exact across the point where its nanosecond
-// counter is folded into seconds, and a single enormous duration does not
-// overflow it.
-func TestRunDurationSumFolds(t *testing.T) {
-	m := NewMetrics(MetricsOpts{})
-	s := &m.runs[runSuccess]
-	s.observe(m, foldAt-time.Second)
-	s.observe(m, 2*time.Second) // crosses foldAt: folded
-	s.observe(m, time.Duration(math.MaxInt64))
-	_, count, sum := s.snapshot(m.upper)
-	assert.Equal(t, uint64(3), count)
-	want := (foldAt + time.Second).Seconds() + time.Duration(math.MaxInt64).Seconds()
-	assert.InEpsilon(t, want, sum, 1e-12)
-	assert.Zero(t, s.sumNanos.Load(), "folded")
 }

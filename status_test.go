@@ -1,0 +1,251 @@
+// Tests of the status model: its JSON, FormatStatus and Health.
+
+package controller
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The status model serialises to Cilium's JSON (durations as strings,
+// timestamps in UTC) and round-trips losslessly.
+func TestStatusJSON(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		r := newRecorder(errBoom, nil)
+		r.took = 1500 * time.Millisecond
+		c := e.m.UpdateController("sync", ControllerParams{DoFunc: r.do, RunInterval: time.Minute, Group: NewGroup("g")})
+		time.Sleep(3 * time.Second) // fails at 0-1.5s, succeeds at 2.5-4s
+		b, err := json.Marshal(e.m.GetStatusModel())
+		require.NoError(t, err)
+		want := `[{"name":"sync","uuid":"` + c.UUID() + `",` +
+			`"configuration":{"error-retry":true,"error-retry-base":"1s","interval":"1m0s","group":"g"},` +
+			`"status":{"success-count":0,"failure-count":1,"consecutive-failure-count":1,` +
+			`"last-failure-msg":"boom","last-failure-timestamp":"2000-01-01T00:00:01.5Z","last-run-duration":"1.5s"}}]`
+		assert.JSONEq(t, want, string(b))
+
+		time.Sleep(2 * time.Second)
+		st := c.GetStatusModel()
+		b, err = json.Marshal(st)
+		require.NoError(t, err)
+		var back ControllerStatus
+		require.NoError(t, json.Unmarshal(b, &back))
+		assert.Equal(t, st, &back, "JSON round-trips losslessly")
+		assert.Contains(t, string(b), `"last-success-timestamp":"2000-01-01T00:00:04Z"`)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// The JSON has Cilium's field names, and the fields Cilium lacks
+// (max-retry-interval, max-retries, jitter) only when set; a Duration
+// also reads nanoseconds, and bad input is an error that says what it wants.
+func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
+	st := &ControllerStatus{Name: "n", UUID: "u",
+		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
+			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second)},
+		Status: &ControllerStatusStatus{}}
+	b, err := json.Marshal(st)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"name":"n","uuid":"u","configuration":{"error-retry":false,"error-retry-base":"1s","interval":"0s",
+		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s"},
+		"status":{"success-count":0,"failure-count":0,"consecutive-failure-count":0,"last-failure-msg":""}}`, string(b))
+
+	var d Duration
+	require.NoError(t, json.Unmarshal([]byte(`1500000000`), &d), "nanoseconds are accepted")
+	assert.Equal(t, Duration(1500*time.Millisecond), d)
+	assert.ErrorContains(t, json.Unmarshal([]byte(`"soon"`), &d), "controller.Duration")
+	assert.ErrorContains(t, json.Unmarshal([]byte(`true`), &d), "want a duration string or nanoseconds")
+	var sts ControllerStatuses
+	assert.Error(t, json.Unmarshal([]byte(`[{"name":`), &sts))
+}
+
+// FuzzStatusJSON: any status survives a JSON round trip unchanged, and any
+// input to the decoders gives a value or an error, never a panic.
+//
+// Two limits of JSON itself are not the library's to fix, and the inputs are
+// shaped around them: strings are made valid UTF-8 (encoding/json replaces
+// invalid bytes), and a timestamp outside the years 0 to 9999, which RFC
+// 3339 cannot write, makes Marshal fail with an error instead, which is
+// accepted (the library never records such a time: it takes time.Now()).
+func FuzzStatusJSON(f *testing.F) {
+	f.Add("sync-to-k8s", "6f1c0e2a-5b0e-4d8e-9a63-1c2d3e4f5a6b", "g", "connection refused",
+		true, true, true, int64(time.Second), int64(10*time.Second), int64(time.Minute), int64(5), int64(0),
+		int64(12), int64(1), int64(0), int64(1795263939), int64(500), int64(1795264000), int64(0), int64(1500*time.Millisecond), false,
+		[]byte(`{"name":"x","status":{"success-count":1}}`))
+	f.Add("", "", "", "", false, false, false, int64(0), int64(0), int64(0), int64(0), int64(0),
+		int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), true,
+		[]byte(`[{"name":`))
+	f.Add("ünïcödé ✓", "u", "", "exit: done", true, true, false, int64(math.MinInt64), int64(math.MaxInt64), int64(-1), int64(math.MinInt64), int64(1),
+		int64(math.MaxInt64), int64(math.MinInt64), int64(-1), int64(-62135596800), int64(0), int64(253402300799), int64(999999999), int64(math.MinInt64), false,
+		[]byte(`{"configuration":{"error-retry-base":12345,"interval":"1h"},"status":{"last-failure-timestamp":"2026-11-21T10:00:01+02:00"}}`))
+	f.Add("n", "u", "", "", true, true, false, int64(0), int64(0), int64(0), int64(0), int64(0),
+		int64(0), int64(0), int64(0), int64(math.MaxInt64), int64(0), int64(math.MinInt64), int64(0), int64(0), false,
+		[]byte(`{"configuration":{"interval":true}}`))
+	f.Fuzz(func(t *testing.T, name, uuid, group, msg string, hasCfg, hasStatus, errorRetry bool,
+		base, interval, maxRetryInterval, maxRetries, jitter int64,
+		successes, failures, consecutive, failSec, failNsec, okSec, okNsec, lastRun int64, zeroTimes bool, raw []byte) {
+		valid := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+		st := &ControllerStatus{Name: valid(name), UUID: valid(uuid)}
+		if hasCfg {
+			st.Configuration = &ControllerStatusConfiguration{
+				ErrorRetry: errorRetry, ErrorRetryBase: Duration(base), Interval: Duration(interval),
+				Group: valid(group), MaxRetryInterval: Duration(maxRetryInterval), MaxRetries: maxRetries, Jitter: Duration(jitter),
+			}
+		}
+		var times []time.Time
+		if hasStatus {
+			s := &ControllerStatusStatus{
+				SuccessCount: successes, FailureCount: failures, ConsecutiveFailureCount: consecutive,
+				LastFailureMsg: valid(msg), LastRunDuration: Duration(lastRun),
+			}
+			if !zeroTimes {
+				// As the library records them: UTC, no monotonic reading.
+				s.LastFailureTimestamp = time.Unix(failSec, failNsec).UTC()
+				s.LastSuccessTimestamp = time.Unix(okSec, okNsec).UTC()
+				times = append(times, s.LastFailureTimestamp, s.LastSuccessTimestamp)
+			}
+			st.Status = s
+		}
+
+		b, err := json.Marshal(st)
+		if err != nil {
+			outside := false
+			for _, tm := range times {
+				outside = outside || tm.Year() < 0 || tm.Year() > 9999
+			}
+			if !outside || !strings.Contains(err.Error(), "year outside of range") {
+				t.Fatalf("Marshal(%+v): %v", st, err)
+			}
+		} else {
+			var back ControllerStatus
+			if err := json.Unmarshal(b, &back); err != nil {
+				t.Fatalf("Unmarshal(%s): %v", b, err)
+			}
+			if !assert.Equal(t, st, &back, "JSON: %s", b) {
+				t.FailNow()
+			}
+			if !utf8.Valid(b) {
+				t.Fatalf("Marshal wrote invalid UTF-8: %q", b)
+			}
+		}
+
+		// Whatever the bytes, decoding gives a value or an error; a value
+		// re-encodes, and decoding that gives the same encoding again.
+		decodeStable(t, raw, func() any { return new(ControllerStatus) })
+		decodeStable(t, raw, func() any { return new(ControllerStatuses) })
+		decodeStable(t, raw, func() any { return new(Duration) })
+		var d Duration
+		if d.UnmarshalText(raw) == nil {
+			back, err := d.MarshalText()
+			require.NoError(t, err)
+			var d2 Duration
+			require.NoError(t, d2.UnmarshalText(back), "Duration %q re-read from %q", back, raw)
+			require.Equal(t, d, d2)
+		}
+	})
+}
+
+func decodeStable(t *testing.T, raw []byte, newValue func() any) {
+	v := newValue()
+	if json.Unmarshal(raw, v) != nil {
+		return
+	}
+	b1, err := json.Marshal(v)
+	if err != nil {
+		t.Fatalf("%T decoded from %q does not encode: %v", v, raw, err)
+	}
+	v2 := newValue()
+	if err := json.Unmarshal(b1, v2); err != nil {
+		t.Fatalf("%T: %s, which it encoded, does not decode: %v", v, b1, err)
+	}
+	b2, err := json.Marshal(v2)
+	require.NoError(t, err)
+	if string(b1) != string(b2) {
+		t.Fatalf("%T from %q encodes as %s, then as %s", v, raw, b1, b2)
+	}
+}
+
+// FormatStatus writes Cilium's table: a healthy count, then every
+// controller or only the failing ones, sorted by name; nil parts read as
+// zero, and a write error is returned.
+func TestFormatStatus(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.m.UpdateController("zeta-ok", ControllerParams{DoFunc: NoopFunc})
+		e.m.UpdateController("alpha-failing", ControllerParams{DoFunc: func(context.Context) error {
+			return errors.New("connection refused")
+		}})
+		e.m.UpdateController("mid-done", ControllerParams{DoFunc: func(context.Context) error {
+			return NewExitReason("annotation applied")
+		}})
+		time.Sleep(65 * time.Second)
+
+		var all bytes.Buffer
+		require.NoError(t, FormatStatus(&all, e.m.GetStatusModel(), true))
+		assert.Equal(t, strings.Join([]string{
+			"Controller Status: 2/3 healthy",
+			"Name            Last success   Last error   Count   Message",
+			"alpha-failing   never          10s ago      11      connection refused",
+			"mid-done        1m5s ago       never        0       annotation applied",
+			"zeta-ok         1m5s ago       never        0       no error",
+			""}, "\n"), all.String())
+
+		var failing bytes.Buffer
+		require.NoError(t, FormatStatus(&failing, e.m.GetStatusModel(), false))
+		assert.Equal(t, strings.Join([]string{
+			"Controller Status: 2/3 healthy",
+			"Name            Last success   Last error   Count   Message",
+			"alpha-failing   never          10s ago      11      connection refused",
+			""}, "\n"), failing.String())
+		e.m.RemoveAllAndWait()
+
+		var none bytes.Buffer
+		require.NoError(t, FormatStatus(&none, ControllerStatuses{{Name: "bare"}, nil}, false))
+		assert.Equal(t, "Controller Status: 1/1 healthy\n", none.String())
+		require.NoError(t, FormatStatus(&none, ControllerStatuses{{Name: "bare"}}, true), "nil parts read as zero")
+		assert.Contains(t, none.String(), "bare   never          never        0       no error")
+		assert.Error(t, FormatStatus(failingWriter{}, nil, true))
+	})
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
+
+// Health names each failing controller, sorted, and wraps its last error;
+// it agrees with controllers_failing and FormatStatus.
+func TestHealthAgreesWithMetricsAndFormatStatus(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		refused := errors.New("connection refused")
+		e.m.UpdateController("b", ControllerParams{DoFunc: func(context.Context) error { return refused }})
+		e.m.UpdateController("a", ControllerParams{DoFunc: func(context.Context) error { return errBoom }})
+		e.m.UpdateController("ok", ControllerParams{DoFunc: NoopFunc})
+		time.Sleep(3*time.Second + time.Millisecond)
+		err := e.m.Health()
+		assert.EqualError(t, err, "controller \"a\": 3 consecutive failures: boom\ncontroller \"b\": 3 consecutive failures: connection refused")
+		assert.ErrorIs(t, err, refused)
+		assert.Equal(t, 2.0, testutil.ToFloat64(e.metrics.failing))
+		var buf bytes.Buffer
+		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), false))
+		assert.True(t, strings.HasPrefix(buf.String(), "Controller Status: 1/3 healthy\n"))
+
+		require.NoError(t, e.m.RemoveControllerAndWait("a"))
+		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing), "a removed controller leaves the gauge")
+		assert.EqualError(t, e.m.Health(), "controller \"b\": 3 consecutive failures: connection refused")
+		e.m.RemoveAllAndWait()
+		assert.NoError(t, e.m.Health())
+	})
+}
