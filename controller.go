@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/sirupsen/logrus"
 )
 
 // Controller is one named, retrying background task installed in a
@@ -34,8 +32,8 @@ type Controller struct {
 
 	// Atomic (state first, in the 4 bytes uuid leaves before the next
 	// word).
-	state atomic.Uint32                // the st* bits; see the table below
-	log   atomic.Pointer[logrus.Entry] // built on first use, once
+	state atomic.Uint32           // the st* bits; see the table below
+	logs  atomic.Pointer[logSink] // the Manager's sink with the name and uuid added, built on first use
 
 	// Immutable after construction.
 	mgr    *Manager      // the owner; its release is the loop's last act
@@ -274,8 +272,8 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 // caller holds m.mu. It calls setParamsLocked without c.mu: no other
 // goroutine can see c yet.
 func newController(m *Manager, name string, params ControllerParams, verr error, group *groupHandles) *Controller {
-	if m.levels == nil {
-		m.levels = m.logger().Logger
+	if !m.sinkSet {
+		m.sink, m.sinkSet = m.newSink(), true
 	}
 	c := &Controller{
 		name:     name,

@@ -5,7 +5,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 )
@@ -232,7 +231,7 @@ func (c *Controller) scheduleLocked(l *loop, o outcome) (gaveUp bool) {
 	p := &c.params
 	var jitter time.Duration
 	if p.Jitter > 0 {
-		jitter = rand.N(p.Jitter)
+		jitter = c.mgr.jitterN(p.Jitter)
 	}
 	wait, timed := nextWait(o, p, l.step, jitter)
 	st := c.state.Load() &^ stRunning

@@ -7,10 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 )
@@ -39,13 +42,18 @@ type Manager struct {
 	stopping  []*Controller
 	cohort    *stopCohort
 
-	log        *logrus.Entry // nil: defaultLogger
+	// Options, set before first use.
+	logrusLog  *logrus.Entry // WithLogger; nil: the default
+	slogLog    *slog.Logger  // WithSlog; nil: logrus
 	metrics    *Metrics
-	metricsSet bool // metrics came from WithMetrics, nil included
-	// levels is the logger whose level says whether runs are logged at
-	// Debug; set under mu by the first newController, read by the
+	metricsSet bool          // metrics came from WithMetrics, nil included
+	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source
+
+	// sink is where the controllers log, resolved from the options by the
+	// first newController (under mu, sinkSet then true) and read by the
 	// controllers' goroutines, which start after it.
-	levels *logrus.Logger
+	sink    logSink
+	sinkSet bool
 }
 
 // Option configures a Manager made by [NewManager]. An Option may also be
@@ -72,11 +80,24 @@ func NewManager(opts ...Option) *Manager {
 
 // WithLogger makes the Manager log to l, with the field subsys=controller
 // added; each controller adds its name and uuid. Default (and for a nil l):
-// logrus.StandardLogger().
+// logrus.StandardLogger(). It replaces a logger set by [WithSlog].
 func WithLogger(l logrus.FieldLogger) Option {
 	return func(m *Manager) {
 		if l != nil {
-			m.log = l.WithField("subsys", "controller")
+			m.logrusLog, m.slogLog = l.WithField("subsys", "controller"), nil
+		}
+	}
+}
+
+// WithSlog makes the Manager log to l, a log/slog logger, instead of
+// logrus: the same lines at the same levels, with the same attributes
+// (subsys=controller; each controller adds name and uuid; then error,
+// duration, outcome, stack and panic where they apply). A nil l changes
+// nothing. It replaces a logger set by [WithLogger].
+func WithSlog(l *slog.Logger) Option {
+	return func(m *Manager) {
+		if l != nil {
+			m.slogLog, m.logrusLog = l.With("subsys", "controller"), nil
 		}
 	}
 }
@@ -87,13 +108,53 @@ func WithMetrics(met *Metrics) Option {
 	return func(m *Manager) { m.metrics, m.metricsSet = met, true }
 }
 
-var defaultLogger = logrus.StandardLogger().WithField("subsys", "controller")
-
-func (m *Manager) logger() *logrus.Entry {
-	if m.log != nil {
-		return m.log
+// WithJitterSource makes the Manager draw the random part of its
+// controllers' waits (Jitter) from src instead of math/rand/v2's global
+// source, so that a test, in a testing/synctest bubble, sees the same
+// waits on every run:
+//
+//	m := controller.NewManager(controller.WithJitterSource(rand.NewPCG(1, 2)))
+//
+// The Manager draws from src under a lock of its own, one draw per
+// jittered wait, so src need not be safe for concurrent use; do not draw
+// from it elsewhere while the Manager may. The draws of one controller
+// come in the order of its waits; with several jittered controllers, the
+// order in which they draw follows the order in which their runs end. A
+// nil src changes nothing.
+func WithJitterSource(src rand.Source) Option {
+	return func(m *Manager) {
+		if src != nil {
+			m.jitter = &jitterSource{r: rand.New(src)}
+		}
 	}
-	return defaultLogger
+}
+
+// jitterSource serialises the draws from a caller's source.
+type jitterSource struct {
+	mu sync.Mutex
+	r  *rand.Rand // guarded by mu
+}
+
+// jitterN returns a random duration in [0, n), n > 0.
+func (m *Manager) jitterN(n time.Duration) time.Duration {
+	j := m.jitter
+	if j == nil {
+		return rand.N(n)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return time.Duration(j.r.Int64N(int64(n)))
+}
+
+// newSink returns the sink the options ask for.
+func (m *Manager) newSink() logSink {
+	switch {
+	case m.slogLog != nil:
+		return logSink{slog: m.slogLog}
+	case m.logrusLog != nil:
+		return logSink{entry: m.logrusLog}
+	}
+	return defaultSink
 }
 
 func (m *Manager) metricsOrDefault() *Metrics {
@@ -135,7 +196,8 @@ func (m *Manager) CreateController(name string, params ControllerParams) bool {
 
 func (m *Manager) install(name string, params ControllerParams, update bool) (*Controller, bool) {
 	if name == "" {
-		m.logger().WithError(errors.New("empty controller name")).Error("refusing to install a controller without a name")
+		sink := m.newSink()
+		sink.write("", &logLine{level: levelError, msg: "refusing to install a controller without a name", err: errors.New("empty controller name")})
 		return nil, false
 	}
 	verr := params.Validate()

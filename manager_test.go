@@ -6,6 +6,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -403,4 +404,33 @@ func TestRemovedControllersAreReleased(t *testing.T) {
 		e.m.RemoveAllAndWait()
 		assert.Nil(t, e.m.stopping)
 	})
+}
+
+// WithJitterSource makes jittered waits reproducible: the same schedule
+// under the same source gives the same run times, run after run, and a
+// different source gives different ones (so the jitter is really drawn
+// from it).
+func TestJitterSourceMakesWaitsReproducible(t *testing.T) {
+	runTimes := func(seed uint64) []time.Duration {
+		var times []time.Duration
+		synctest.Test(t, func(t *testing.T) {
+			m := NewManager(WithLogger(quietLogger()), WithMetrics(nil), WithJitterSource(rand.NewPCG(seed, 1)))
+			r := newRecorder(errBoom, errBoom, nil)
+			m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: time.Second, Jitter: 500 * time.Millisecond})
+			time.Sleep(10 * time.Second)
+			m.RemoveAllAndWait()
+			times = r.times()
+		})
+		return times
+	}
+	first := runTimes(1)
+	require.Greater(t, len(first), 5)
+	assert.Zero(t, first[0], "jitter never delays the first run")
+	for i := 1; i < len(first); i++ {
+		wait := first[i] - first[i-1]
+		assert.GreaterOrEqual(t, wait, time.Second, "wait %d", i)
+		assert.Less(t, wait, 3*time.Second+500*time.Millisecond, "wait %d", i)
+	}
+	assert.Equal(t, first, runTimes(1), "the same source gives the same times")
+	assert.NotEqual(t, first, runTimes(2), "another source gives other times")
 }

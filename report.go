@@ -4,11 +4,8 @@ package controller
 
 import (
 	"fmt"
-	"os"
 	"runtime/debug"
 	"time"
-
-	"github.com/sirupsen/logrus"
 )
 
 // reportInvalid logs invalid parameters and tells their HealthReporter,
@@ -21,26 +18,14 @@ func (c *Controller) reportInvalid(inv *invalidParams) {
 }
 
 func (c *Controller) logInvalid(err error) {
-	defer recoverLog(c.name)
-	c.logger().WithError(err).Error("invalid controller parameters; DoFunc will not run until an update brings valid ones")
+	c.log(&logLine{level: levelError, msg: "invalid controller parameters; DoFunc will not run until an update brings valid ones", err: err})
 }
 
 func (c *Controller) logStopFailure(err error, stack []byte) {
-	defer recoverLog(c.name)
 	if stack != nil {
-		c.logger().WithError(err).WithField("stack", string(stack)).Error("StopFunc panicked")
+		c.log(&logLine{level: levelError, msg: "StopFunc panicked", err: err, stack: stack})
 	} else {
-		c.logger().WithError(err).Warn("StopFunc failed")
-	}
-}
-
-// recoverLog, deferred around logging on a controller's goroutine, keeps a
-// panicking logrus hook or formatter from ending that goroutine, and the
-// program with it. The panic goes to standard error, where logrus reports
-// a hook that fails.
-func recoverLog(name string) {
-	if r := recover(); r != nil {
-		fmt.Fprintf(os.Stderr, "controller %q: logging panicked: %v\n", name, r)
+		c.log(&logLine{level: levelWarn, msg: "StopFunc failed", err: err})
 	}
 }
 
@@ -58,7 +43,7 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 			c.reportHealth(l.health, nil)
 		}
 	}
-	if ev.any() || c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
+	if ev.any() || c.mgr.sink.enabled(levelDebug) {
 		c.logRun(o, err, ev, stack, l.step, took)
 	}
 }
@@ -69,26 +54,21 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 //
 //go:noinline
 func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
-	defer recoverLog(c.name)
-	if c.mgr.levels.IsLevelEnabled(logrus.DebugLevel) {
-		c.logger().WithFields(logrus.Fields{
-			"duration": took,
-			"outcome":  outcomeNames[o],
-			"error":    err,
-		}).Debug("controller run")
+	if c.mgr.sink.enabled(levelDebug) {
+		c.log(&logLine{level: levelDebug, msg: "controller run", err: err, duration: took, timed: true, outcome: outcomeNames[o]})
 	}
 	switch {
 	case stack != nil && (ev.streakStart || ev.msgChanged):
-		c.logger().WithError(err).WithField("stack", string(stack)).Error("DoFunc panicked")
+		c.log(&logLine{level: levelError, msg: "DoFunc panicked", err: err, stack: stack})
 	case ev.streakStart:
-		c.logger().WithError(err).Warn("controller failed; retrying")
+		c.log(&logLine{level: levelWarn, msg: "controller failed; retrying", err: err})
 	case ev.msgChanged:
-		c.logger().WithError(err).Warn("controller still failing with a new error")
+		c.log(&logLine{level: levelWarn, msg: "controller still failing with a new error", err: err})
 	case ev.recoveredAfter > 0:
-		c.logger().Infof("recovered after %d consecutive failures", ev.recoveredAfter)
+		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("recovered after %d consecutive failures", ev.recoveredAfter)})
 	}
 	if ev.gaveUp {
-		c.logger().WithError(err).Infof("giving up retrying after %d failures; next run on an update, a trigger or the RunInterval", step)
+		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("giving up retrying after %d failures; next run on an update, a trigger or the RunInterval", step), err: err})
 	}
 }
 
@@ -109,18 +89,17 @@ func (c *Controller) reportHealth(h HealthReporter, err error) {
 }
 
 func (c *Controller) logHealthPanic(r any) {
-	defer recoverLog(c.name)
-	c.logger().WithField("panic", r).WithField("stack", string(debug.Stack())).Error("HealthReporter panicked")
+	c.log(&logLine{level: levelError, msg: "HealthReporter panicked", panicked: r, hasPanic: true, stack: debug.Stack()})
 }
 
-// logger returns the controller's log entry, building it on first use.
-func (c *Controller) logger() *logrus.Entry {
-	if e := c.log.Load(); e != nil {
-		return e
+// log writes line to the controller's sink, which it builds on first use.
+func (c *Controller) log(line *logLine) {
+	s := c.logs.Load()
+	if s == nil {
+		s = c.mgr.sink.forController(c.name, c.UUID())
+		if !c.logs.CompareAndSwap(nil, s) {
+			s = c.logs.Load()
+		}
 	}
-	e := c.mgr.logger().WithFields(logrus.Fields{"name": c.name, "uuid": c.UUID()})
-	if !c.log.CompareAndSwap(nil, e) {
-		e = c.log.Load()
-	}
-	return e
+	s.write(c.name, line)
 }
