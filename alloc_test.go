@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,7 +33,7 @@ func (d *meteredDo) do(context.Context) error {
 }
 
 // The run loop allocates nothing in steady state, success or failure, with
-// metrics and logging (at Info) on. A controller runs 20,000 times and the
+// metrics and logging (at Info, to logrus or to log/slog) on. A controller runs 20,000 times and the
 // process-wide malloc counter may move by a handful (the runtime's own
 // bookkeeping): one allocation per run fails the test.
 func TestRunLoopDoesNotAllocate(t *testing.T) {
@@ -39,16 +41,22 @@ func TestRunLoopDoesNotAllocate(t *testing.T) {
 		name   string
 		result error
 		params ControllerParams
+		slog   bool // log to log/slog instead of logrus
 	}{
-		{"success", nil, ControllerParams{RunInterval: time.Nanosecond, Group: NewGroup("g")}},
-		{"failure", errBoom, ControllerParams{ErrorRetryBaseDuration: time.Nanosecond, MaxRetryInterval: time.Nanosecond, Group: NewGroup("g")}},
-		{"jitter and a HealthReporter", nil, ControllerParams{RunInterval: time.Nanosecond, Jitter: time.Nanosecond, Health: nopHealth{}}},
+		{"success", nil, ControllerParams{RunInterval: time.Nanosecond, Group: NewGroup("g")}, false},
+		{"failure", errBoom, ControllerParams{ErrorRetryBaseDuration: time.Nanosecond, MaxRetryInterval: time.Nanosecond, Group: NewGroup("g")}, false},
+		{"jitter and a HealthReporter", nil, ControllerParams{RunInterval: time.Nanosecond, Jitter: time.Nanosecond, Health: nopHealth{}}, false},
+		{"success on slog", nil, ControllerParams{RunInterval: time.Nanosecond, Group: NewGroup("g")}, true},
+		{"failure on slog", errBoom, ControllerParams{ErrorRetryBaseDuration: time.Nanosecond, MaxRetryInterval: time.Nanosecond, Group: NewGroup("g")}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Warm-up runs make the timer, the run context and the log
 			// entry of the first failure.
 			d := &meteredDo{warmup: 100, total: 20_100, result: tc.result, done: make(chan struct{})}
 			m := benchManager(t)
+			if tc.slog {
+				WithSlog(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo})))(m)
+			}
 			p := tc.params
 			p.DoFunc = d.do
 			m.UpdateController("c", p)

@@ -7,9 +7,11 @@ package controller
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -48,6 +50,82 @@ func newEnv(t *testing.T, opts ...MetricsOpts) *env {
 		metrics: met,
 		reg:     reg,
 	}
+}
+
+// sinks are the log sinks the log tests run against, each test once per
+// sink: what holds for logrus must hold for log/slog.
+var sinks = []string{"logrus", "slog"}
+
+// forEachSink runs test once per sink, as a subtest named after it.
+func forEachSink(t *testing.T, test func(t *testing.T, sink string)) {
+	for _, sink := range sinks {
+		t.Run(sink, func(t *testing.T) { test(t, sink) })
+	}
+}
+
+// newEnvOn is newEnv with the Manager logging to sink. With "slog" it logs
+// to a slog.Logger whose handler (recordHandler) files every record in
+// e.hook as a logrus entry with the same level, message and fields, so a
+// test reads both sinks alike; e.logger's level is the level of both.
+func newEnvOn(t *testing.T, sink string, opts ...MetricsOpts) *env {
+	t.Helper()
+	e := newEnv(t, opts...)
+	if sink == "slog" {
+		// Only the handler feeds the hook now: a line that went to
+		// logrus instead would be missing from it.
+		e.logger.ReplaceHooks(make(logrus.LevelHooks))
+		WithSlog(slog.New(&recordHandler{hook: e.hook, levels: e.logger}))(e.m)
+	}
+	return e
+}
+
+// recordHandler is a slog.Handler that files each record in a logrus test
+// hook: level, message, and every attribute (those added by WithAttrs
+// included, group names as key prefixes) as a field holding the
+// attribute's value. Enabled follows the level of levels.
+type recordHandler struct {
+	hook   *test.Hook
+	levels *logrus.Logger
+	attrs  []slog.Attr
+	prefix string // the groups opened by WithGroup, each followed by "."
+}
+
+var slogToLogrus = map[slog.Level]logrus.Level{
+	slog.LevelDebug: logrus.DebugLevel,
+	slog.LevelInfo:  logrus.InfoLevel,
+	slog.LevelWarn:  logrus.WarnLevel,
+	slog.LevelError: logrus.ErrorLevel,
+}
+
+func (h *recordHandler) Enabled(_ context.Context, level slog.Level) bool {
+	return h.levels.IsLevelEnabled(slogToLogrus[level])
+}
+
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	data := logrus.Fields{}
+	for _, a := range h.attrs {
+		data[a.Key] = a.Value.Any()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		data[h.prefix+a.Key] = a.Value.Any()
+		return true
+	})
+	return h.hook.Fire(&logrus.Entry{Level: slogToLogrus[r.Level], Message: r.Message, Data: data, Time: r.Time})
+}
+
+func (h *recordHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	c := *h
+	c.attrs = slices.Clone(h.attrs)
+	for _, a := range attrs {
+		c.attrs = append(c.attrs, slog.Attr{Key: h.prefix + a.Key, Value: a.Value})
+	}
+	return &c
+}
+
+func (h *recordHandler) WithGroup(name string) slog.Handler {
+	c := *h
+	c.prefix += name + "."
+	return &c
 }
 
 // logs returns the messages logged at level.
