@@ -184,12 +184,29 @@
 // is Cilium's REST model; [FormatStatus] prints them as a table;
 // [Manager.Health] names the failing controllers; [Metrics] exports
 // Prometheus metrics, registered where the program chooses. Logs go to
-// logrus: a Warn at the start of a failure streak and when its error
-// changes, an Info on recovery and on giving up after MaxRetries, an Error
-// for panics and invalid parameters, never one line per failed run.
+// logrus, or to log/slog with [WithSlog]: a Warn at the start of a failure
+// streak and when its error changes, an Info on recovery and on giving up
+// after MaxRetries, an Error for panics and invalid parameters, never one
+// line per failed run.
 // A controller is failing while its consecutive failure count is above
 // zero; the status table, Health and the controllers_failing metric all use
 // that rule.
+//
+// # Testing your controllers
+//
+// testing/synctest makes tests of controllers exact and instant: inside a
+// bubble, time moves only when every goroutine is blocked, so retries come
+// at exactly 1s, 3s, 6s, … and the test takes no time. Make the Manager, or
+// at least install the controllers, inside the bubble; call synctest.Wait
+// before reading a status, so every controller has done what it could at
+// this instant; and end with RemoveAllAndWait or Shutdown, so that
+// go.uber.org/goleak finds no goroutine left behind. To wait for a number
+// of runs without polling, give the controller a
+// github.com/bgctl/controller/controllertest.Runs as its HealthReporter: it
+// never blocks the controller, as a reporter sending on an unbuffered
+// channel would. [WithJitterSource] makes jittered waits the same on every
+// run, and [FakeManager] serves code that only reads statuses. The
+// README's "Testing your controllers" shows each of these as a test.
 //
 // # Goroutines
 //
