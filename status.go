@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 // Duration is a [time.Duration] that marshals, in JSON and as text, as a Go
@@ -135,8 +137,10 @@ func compareStatus(a, b *ControllerStatus) int {
 //
 // Times read "never" or "<duration rounded to seconds> ago"; Count is the
 // number of consecutive failures; Message is the last error, or "no error".
-// Rows are sorted by name. No table is written when it would be empty. It
-// returns the first error writing to w.
+// Rows are sorted by name, one per controller: a message or name that
+// spans lines (an [errors.Join] of several errors does) has its lines
+// joined with "; ", and its tabs made spaces. No table is written when it
+// would be empty. It returns the first error writing to w.
 func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 	rows := make(ControllerStatuses, 0, len(statuses))
 	total, failing := 0, 0
@@ -167,15 +171,32 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 		if st == nil {
 			st = &ControllerStatusStatus{}
 		}
-		msg := st.LastFailureMsg
+		msg := oneLine(st.LastFailureMsg)
 		if msg == "" {
 			msg = "no error"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.Name,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", oneLine(s.Name),
 			ago(now, st.LastSuccessTimestamp), ago(now, st.LastFailureTimestamp),
 			st.ConsecutiveFailureCount, msg)
 	}
 	return tw.Flush()
+}
+
+// oneLine returns s fit for one cell of the table: its lines joined with
+// "; " (blank ones dropped) and every other control character a space, so
+// that neither a line break nor a tab can split a row.
+func oneLine(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	lines := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	s = strings.Join(lines, "; ")
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // ago formats t relative to now: "never" for the zero time, else the

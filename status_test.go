@@ -220,6 +220,31 @@ func TestFormatStatus(t *testing.T) {
 	})
 }
 
+// FormatStatus keeps one row per controller when a message spans lines
+// (the joined validation error does) or holds a tab: the lines are joined
+// with "; ".
+func TestFormatStatusMultiLineMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.m.UpdateController("bad", ControllerParams{RunInterval: -1, Jitter: -1})
+		e.m.UpdateController("tabbed", ControllerParams{DoFunc: func(context.Context) error {
+			return errors.New("col\tumn\r\n\nnext")
+		}})
+		time.Sleep(time.Second / 2)
+		var buf bytes.Buffer
+		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), true))
+		assert.Equal(t, strings.Join([]string{
+			"Controller Status: 0/2 healthy",
+			"Name     Last success   Last error   Count   Message",
+			"bad      never          1s ago       1       invalid controller parameters: DoFunc must not be nil; " +
+				"invalid controller parameters: RunInterval must not be negative, got -1ns; " +
+				"invalid controller parameters: Jitter must not be negative, got -1ns",
+			"tabbed   never          1s ago       1       col umn; next",
+			""}, "\n"), buf.String())
+		e.m.RemoveAllAndWait()
+	})
+}
+
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
