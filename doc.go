@@ -171,7 +171,11 @@
 // (the zero Manager is ready to use), name its controllers after the owner
 // ("endpoint-12-sync-to-store"), and tear the owner down with
 // [Manager.Shutdown] and a deadline, or RemoveAllAndWait: when they return,
-// no DoFunc or StopFunc of the owner is running or will run. Passing an
+// no DoFunc or StopFunc of the owner is running or will run. Shutdown ends
+// the Manager's life: from the moment it is called, installs are refused
+// (logged at Warn), so a late event handler cannot bring a dead owner's
+// controllers back. RemoveAllAndWait empties the Manager and leaves it
+// usable, as Cilium's does. Passing an
 // owner's context as the parameters' Context stops DoFunc runs when that
 // context ends, but the controllers stay installed until they are removed.
 //

@@ -33,6 +33,7 @@ type Manager struct {
 	sorted      []*Controller          // controllers sorted by name; nil: to be rebuilt
 	registered  bool                   // in the global registry (has controllers, not fake)
 	fake        bool
+	closed      bool // Shutdown was called: installs are refused
 
 	// Controllers removed and not yet terminated: stoppingN counts them
 	// (decremented without the lock by the terminating goroutine);
@@ -164,6 +165,10 @@ func (m *Manager) metricsOrDefault() *Metrics {
 	return DefaultMetrics
 }
 
+// ErrManagerShutDown is the error logged when an install is refused
+// because [Manager.Shutdown] was called; check for it with errors.Is.
+var ErrManagerShutDown = errors.New("manager was shut down")
+
 // ErrControllerNotFound is wrapped by the error of a removal of a name that
 // has no controller; check for it with errors.Is.
 var ErrControllerNotFound = errors.New("controller not found")
@@ -179,7 +184,9 @@ var ErrControllerNotFound = errors.New("controller not found")
 // told, and DoFunc is not called until an update brings valid parameters.
 //
 // An empty name installs nothing: it is logged at Error and
-// UpdateController returns nil.
+// UpdateController returns nil. Neither does a Manager that
+// [Manager.Shutdown] was called on: the refusal is logged at Warn, naming
+// the controller, and UpdateController returns nil.
 func (m *Manager) UpdateController(name string, params ControllerParams) *Controller {
 	c, _ := m.install(name, params, true)
 	return c
@@ -188,7 +195,7 @@ func (m *Manager) UpdateController(name string, params ControllerParams) *Contro
 // CreateController installs a controller named name with params, as
 // [Manager.UpdateController] does, unless one is installed under that name
 // already: then it changes nothing and returns false. It returns true when
-// it installed a controller.
+// it installed a controller; false, too, when the Manager was shut down.
 func (m *Manager) CreateController(name string, params ControllerParams) bool {
 	_, created := m.install(name, params, false)
 	return created
@@ -204,6 +211,13 @@ func (m *Manager) install(name string, params ControllerParams, update bool) (*C
 	group := m.metricsOrDefault().group(params.Group.Name)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		// Logged under m.mu, so that a Shutdown's installs are refused in
+		// the order they came; a refused install is rare.
+		sink := m.newSink()
+		sink.write(name, &logLine{level: levelWarn, msg: fmt.Sprintf("refusing to install controller %q: the Manager was shut down", name), err: ErrManagerShutDown})
+		return nil, false
+	}
 	c, exists := m.controllers[name]
 	switch {
 	case exists && !update:
@@ -344,11 +358,13 @@ func (m *Manager) RemoveAll() {
 }
 
 // removeAllAndSeal removes every controller and seals the open stop cohort,
-// in one critical section: the returned cohort (nil: nothing to wait for)
-// drains once exactly the controllers removed so far have terminated.
-func (m *Manager) removeAllAndSeal() *stopCohort {
+// in one critical section, closing the Manager first when close is set:
+// the returned cohort (nil: nothing to wait for) drains once exactly the
+// controllers removed so far have terminated.
+func (m *Manager) removeAllAndSeal(close bool) *stopCohort {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.closed = m.closed || close
 	m.removeAllLocked()
 	co := m.sealCohortLocked()
 	if co == nil {
@@ -389,21 +405,28 @@ func (m *Manager) removeAllLocked() {
 // DoFunc or StopFunc that never returns makes it wait for ever; use
 // [Manager.Shutdown] to bound the wait.
 func (m *Manager) RemoveAllAndWait() {
-	if co := m.removeAllAndSeal(); co != nil {
+	if co := m.removeAllAndSeal(false); co != nil {
 		<-co.drained
 	}
 }
 
-// Shutdown removes every controller of the Manager and waits until all have
+// Shutdown ends the Manager's life, as [net/http.Server.Shutdown] ends a
+// server's: from the moment it is called the Manager refuses installs
+// (logged at Warn; UpdateController returns nil, CreateController false),
+// so a late event handler cannot install a controller into an owner that
+// is going away. It removes every controller and waits until all have
 // stopped, those removed earlier and still stopping included, or until ctx
-// ends. Controllers installed and removed while it waits are not waited
-// for. When ctx ends first, it cancels the contexts of the StopFuncs still
+// ends. When ctx ends first, it cancels the contexts of the StopFuncs still
 // running (or yet to run) of the controllers it waited for and returns an
-// error that wraps ctx.Err() and names them. The Manager stays usable
-// afterwards.
+// error that wraps ctx.Err() and names them; they stay in
+// [Manager.GetStoppingStatus] until they terminate. A second Shutdown
+// waits again for whatever is still stopping.
+//
+// To empty a Manager and keep using it, as Cilium's RemoveAllAndWait
+// does, call [Manager.RemoveAllAndWait].
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = contextOrBackground(ctx)
-	co := m.removeAllAndSeal()
+	co := m.removeAllAndSeal(true)
 	if co == nil {
 		return nil
 	}
