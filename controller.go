@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 )
 
 // Controller is one named, retrying background task installed in a
@@ -28,12 +27,20 @@ type Controller struct {
 
 	// Immutable after construction.
 	name string
-	uuid [36]byte // UUID() views it as a string
+	// uuid holds the raw bytes, formatted on demand (UUID, the statuses,
+	// the log sink once): 20 bytes less than the 36-byte text, which pay
+	// for runStart and params.RunTimeout.
+	uuid [16]byte
 
-	// Atomic (state first, in the 4 bytes uuid leaves before the next
-	// word).
+	// Atomic.
 	state atomic.Uint32           // the st* bits; see the table below
 	logs  atomic.Pointer[logSink] // the Manager's sink with the name and uuid added, built on first use
+	// runStart is when the running DoFunc started (Unix nanoseconds; 0:
+	// none runs). The loop stores it as the run starts, with the one
+	// atomic store the lock-free claim of a timed run allows, and clears
+	// it under mu when the run ends; readers (the status, Health, the
+	// longest-running gauge) only load it.
+	runStart atomic.Int64
 
 	// Immutable after construction.
 	mgr    *Manager      // the owner; its release is the loop's last act
@@ -146,14 +153,12 @@ func (c *Controller) Name() string { return c.name }
 // stays the same across updates; a controller installed again under the
 // same name after a removal gets a new one.
 //
-// The string shares the Controller's memory, and so do the UUIDs in its
-// statuses: holding one keeps the whole Controller from being garbage
-// collected. Copy it with [strings.Clone] to keep it after the controller
-// is gone.
+// Each call formats the string anew (one allocation): the Controller
+// keeps only the 16 raw bytes.
 func (c *Controller) UUID() string {
-	// The bytes never change after construction, so a string may share
-	// them: UUID and GetStatusModel cost no allocation.
-	return unsafe.String(&c.uuid[0], len(c.uuid))
+	var b [36]byte
+	formatUUID(b[:], c.uuid)
+	return string(b[:])
 }
 
 // GetSuccessCount returns the number of successful runs, runs that ended
@@ -235,11 +240,13 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 		Configuration: &ControllerStatusConfiguration{},
 		Status:        &ControllerStatusStatus{},
 	}
-	c.fillStatus(s, s.Configuration, s.Status)
+	c.fillStatus(s, s.Configuration, s.Status, c.UUID())
 	return s
 }
 
-func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus) {
+// fillStatus fills a status of c; uuid is c's UUID, formatted by the
+// caller (statusesOf formats a whole list's into one string).
+func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
@@ -254,6 +261,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		MaxRetryInterval: Duration(p.MaxRetryInterval),
 		MaxRetries:       int64(p.MaxRetries),
 		Jitter:           Duration(p.Jitter),
+		RunTimeout:       Duration(p.RunTimeout),
 	}
 	*st = ControllerStatusStatus{
 		SuccessCount:            c.successCount,
@@ -263,8 +271,9 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		LastFailureTimestamp:    statusTime(c.lastErrTime),
 		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
 		LastRunDuration:         Duration(c.lastRunDuration),
+		RunningSince:            statusTime(c.runStart.Load()),
 	}
-	*s = ControllerStatus{Name: c.name, UUID: c.UUID(), Configuration: cfg, Status: st}
+	*s = ControllerStatus{Name: c.name, UUID: uuid, Configuration: cfg, Status: st}
 }
 
 // newController returns a controller for params, not yet started. verr is

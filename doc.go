@@ -38,7 +38,8 @@
 // derived from the parameters' Context (nil means Background), cancelled on
 // removal, and replaced, the old one cancelled, on an update or trigger
 // when CancelDoFuncOnUpdate is set, or on an update that brings a
-// different Context. Otherwise it is reused from run to run.
+// different Context. Otherwise it is reused from run to run. With a
+// RunTimeout, each run gets a child of it that ends after RunTimeout.
 //
 // Rule 3, what a run's result means:
 //
@@ -53,6 +54,12 @@
 //     the parameters' Context itself has ended, the controller parks: no
 //     DoFunc runs on timers or triggers until an update brings a live
 //     Context.
+//   - anything, nil included, from a run that lasted the parameters'
+//     RunTimeout (when it is above zero; DoFunc's context ended then): a
+//     failure whose error wraps [ErrRunTimeout] and what DoFunc returned,
+//     and names the timeout, counted in controllers_run_timeouts_total
+//     as well. A removal or update that cancelled the run first makes it
+//     the case above.
 //   - any other error, or a panic (recovered; its error reads
 //     "panic: <value>" and the stack goes to the log): a failure. The
 //     failure count and the consecutive failures go up, and the last

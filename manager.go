@@ -49,6 +49,7 @@ type Manager struct {
 	metrics    *Metrics
 	metricsSet bool          // metrics came from WithMetrics, nil included
 	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source
+	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
 
 	// sink is where the controllers log, resolved from the options by the
 	// first newController (under mu, sinkSet then true) and read by the
@@ -128,6 +129,14 @@ func WithJitterSource(src rand.Source) Option {
 			m.jitter = &jitterSource{r: rand.New(src)}
 		}
 	}
+}
+
+// WithStuckAfter makes [Manager.Health] report a controller without a
+// RunTimeout whose DoFunc has run longer than d; a controller with a
+// RunTimeout is reported once its run outlasts that instead. Default (and
+// for d ≤ 0): off, only controllers with a RunTimeout are reported stuck.
+func WithStuckAfter(d time.Duration) Option {
+	return func(m *Manager) { m.stuckAfter = max(d, 0) }
 }
 
 // jitterSource serialises the draws from a caller's source.

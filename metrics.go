@@ -50,6 +50,7 @@ type MetricsOpts struct {
 //	controllers_failing                              gauge      controllers whose consecutive failure count is > 0
 //	controllers_active                               gauge      controllers installed and not yet terminated
 //	controllers_panics_total{group_name}             counter    recovered panics of DoFunc and StopFunc
+//	controllers_run_timeouts_total{group_name}       counter    runs that lasted their RunTimeout (also counted as failures)
 //
 // status is "success" or "failure". When several Managers share a Metrics,
 // each gauge is their sum. A nil *Metrics records nothing.
@@ -68,6 +69,7 @@ type Metrics struct {
 	failing   prometheus.Gauge
 	active    prometheus.Gauge
 	panics    *prometheus.CounterVec
+	timeouts  *prometheus.CounterVec
 
 	groupsMu sync.Mutex
 	groups   map[string]*groupHandles
@@ -187,6 +189,11 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 			Name: "controllers_panics_total",
 			Help: "Number of panics recovered from controllers' DoFunc and StopFunc, by group.",
 		}, []string{labelGroup}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, ConstLabels: cl,
+			Name: "controllers_run_timeouts_total",
+			Help: "Number of controller runs that lasted their RunTimeout, by group; each also counts as a failed run.",
+		}, []string{labelGroup}),
 	}
 	for i, b := range buckets {
 		m.upperNanos[i] = durationFloor(b)
@@ -240,7 +247,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{m.failing, m.active, m.panics}
+	cs := []prometheus.Collector{m.failing, m.active, m.panics, m.timeouts}
 	if m.groupRuns != nil {
 		cs = append(cs, m.groupRuns)
 	}
@@ -253,6 +260,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 type groupHandles struct {
 	success, failure prometheus.Counter // nil: no per-group counting
 	panics           prometheus.Counter // nil: metrics off
+	timeouts         prometheus.Counter // nil: metrics off
 }
 
 // noMetrics are the handles of a Manager whose metrics are off.
@@ -268,7 +276,7 @@ func (m *Metrics) group(name string) *groupHandles {
 	if g, ok := m.groups[name]; ok {
 		return g
 	}
-	g := &groupHandles{panics: m.panics.WithLabelValues(name)}
+	g := &groupHandles{panics: m.panics.WithLabelValues(name), timeouts: m.timeouts.WithLabelValues(name)}
 	if m.groupRuns != nil && name != "" {
 		g.success = m.groupRuns.WithLabelValues(name, success)
 		g.failure = m.groupRuns.WithLabelValues(name, failure)
@@ -313,6 +321,12 @@ func (m *Metrics) countStopFailure(g *groupHandles) {
 func (m *Metrics) countPanic(g *groupHandles) {
 	if m != nil {
 		g.panics.Inc()
+	}
+}
+
+func (m *Metrics) countTimeout(g *groupHandles) {
+	if m != nil {
+		g.timeouts.Inc()
 	}
 }
 

@@ -45,6 +45,10 @@ cilium_controllers_group_runs_total{cluster="c1",group_name="sync",status="succe
 # TYPE cilium_controllers_panics_total counter
 cilium_controllers_panics_total{cluster="c1",group_name=""} 1
 cilium_controllers_panics_total{cluster="c1",group_name="sync"} 0
+# HELP cilium_controllers_run_timeouts_total Number of controller runs that lasted their RunTimeout, by group; each also counts as a failed run.
+# TYPE cilium_controllers_run_timeouts_total counter
+cilium_controllers_run_timeouts_total{cluster="c1",group_name=""} 0
+cilium_controllers_run_timeouts_total{cluster="c1",group_name="sync"} 0
 # HELP cilium_controllers_runs_duration_seconds Duration of controller runs (DoFunc calls) in seconds, by outcome.
 # TYPE cilium_controllers_runs_duration_seconds histogram
 cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="failure",le="0.5"} 1

@@ -3,9 +3,11 @@
 package controller
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // registry holds every Manager that has controllers installed, for
@@ -51,13 +53,17 @@ func GetGlobalStatus() ControllerStatuses {
 		}
 		m.mu.Unlock()
 	}
-	slices.SortFunc(cs, func(a, b *Controller) int {
-		if c := strings.Compare(a.name, b.name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.UUID(), b.UUID())
-	})
+	slices.SortFunc(cs, compareController)
 	return statusesOf(cs)
+}
+
+// compareController orders controllers by name, then by UUID: the raw
+// bytes sort as their lower-case hex text does.
+func compareController(a, b *Controller) int {
+	if c := strings.Compare(a.name, b.name); c != 0 {
+		return c
+	}
+	return bytes.Compare(a.uuid[:], b.uuid[:])
 }
 
 // statusesOf returns the statuses of cs, in their order, in a constant
@@ -67,9 +73,24 @@ func statusesOf(cs []*Controller) ControllerStatuses {
 	ss := make([]ControllerStatus, len(cs))
 	cfgs := make([]ControllerStatusConfiguration, len(cs))
 	sts := make([]ControllerStatusStatus, len(cs))
+	uuids := formatUUIDs(cs)
 	for i, c := range cs {
-		c.fillStatus(&ss[i], &cfgs[i], &sts[i])
+		c.fillStatus(&ss[i], &cfgs[i], &sts[i], uuids[i*36:(i+1)*36])
 		out[i] = &ss[i]
 	}
 	return out
+}
+
+// formatUUIDs returns the UUIDs of cs, 36 bytes each, in one string.
+func formatUUIDs(cs []*Controller) string {
+	if len(cs) == 0 {
+		return ""
+	}
+	b := make([]byte, 36*len(cs))
+	for i, c := range cs {
+		formatUUID(b[i*36:], c.uuid)
+	}
+	// b is never written again: the string may share it, one allocation
+	// for every UUID of the call.
+	return unsafe.String(&b[0], len(b))
 }
