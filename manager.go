@@ -37,11 +37,15 @@ type Manager struct {
 
 	// Controllers removed and not yet terminated: stoppingN counts them
 	// (decremented without the lock by the terminating goroutine);
-	// stopping lists them, terminated ones included until pruned. Each
-	// joined cohort, the open stop cohort, when it was removed.
-	stoppingN atomic.Int64
-	stopping  []*Controller
-	cohort    *stopCohort
+	// stopping lists them with their removal times, terminated ones
+	// included until pruned. Each joined cohort, the open stop cohort,
+	// when it was removed. watch warns of those that stop too slowly
+	// (stopping.go); made on the first removal, armed while watchArmed.
+	stoppingN  atomic.Int64
+	stopping   []stoppingController
+	cohort     *stopCohort
+	watch      *time.Timer
+	watchArmed bool
 
 	// Options, set before first use.
 	logrusLog  *logrus.Entry // WithLogger; nil: the default
@@ -50,6 +54,7 @@ type Manager struct {
 	metricsSet bool          // metrics came from WithMetrics, nil included
 	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source
 	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
+	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
 
 	// sink is where the controllers log, resolved from the options by the
 	// first newController (under mu, sinkSet then true) and read by the
@@ -317,16 +322,20 @@ func (m *Manager) stopLocked(c *Controller) {
 		if len(m.stopping) == cap(m.stopping) || m.stoppingN.Load() == 0 {
 			m.pruneStoppingLocked()
 		}
-		m.stopping = append(m.stopping, c)
+		m.stopping = append(m.stopping, stoppingController{c: c, removed: time.Now().UnixNano()})
 		m.stoppingN.Add(1)
 		c.cohort = m.openCohortLocked()
 		c.cohort.pending.Add(1)
+		m.watchStoppingLocked()
 	}
 	c.remove()
 }
 
+// unregisterIfEmptyLocked takes m out of the global registry once it has
+// neither installed nor stopping controllers: the global statuses list
+// both kinds.
 func (m *Manager) unregisterIfEmptyLocked() {
-	if m.registered && len(m.controllers) == 0 {
+	if m.registered && len(m.controllers) == 0 && m.stoppingN.Load() == 0 {
 		registry.remove(m)
 		m.registered = false
 	}
@@ -339,7 +348,13 @@ func (m *Manager) release(c *Controller) {
 	c.mu.Lock()
 	c.markDoneLocked()
 	c.mu.Unlock()
-	m.stoppingN.Add(-1)
+	if m.stoppingN.Add(-1) == 0 && !m.fake {
+		// The last stopping controller: m may leave the registry. Only
+		// the goroutine that brings the count to 0 takes the lock.
+		m.mu.Lock()
+		m.unregisterIfEmptyLocked()
+		m.mu.Unlock()
+	}
 	c.cohort.release(1)
 }
 
@@ -355,7 +370,7 @@ func (m *Manager) pruneStoppingLocked() {
 		m.stopping = m.stopping[:0]
 		return
 	}
-	m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
+	m.stopping = slices.DeleteFunc(m.stopping, func(s stoppingController) bool { return s.c.done() })
 }
 
 // RemoveAll removes every controller of the Manager without waiting, as
@@ -399,10 +414,14 @@ func (m *Manager) removeAllLocked() {
 		m.stoppingN.Add(int64(len(cs)))
 		co := m.openCohortLocked()
 		co.pending.Add(int64(len(cs)))
+		now := time.Now().UnixNano()
 		for _, c := range cs {
-			m.stopping = append(m.stopping, c)
+			m.stopping = append(m.stopping, stoppingController{c: c, removed: now})
 			c.cohort = co
 			c.remove()
+		}
+		if len(cs) > 0 {
+			m.watchStoppingLocked()
 		}
 	}
 	m.unregisterIfEmptyLocked()
@@ -446,8 +465,8 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	var running []*Controller
-	for _, c := range m.stopping {
-		if c.cohort.seq <= co.seq && !c.done() {
+	for _, s := range m.stopping {
+		if c := s.c; c.cohort.seq <= co.seq && !c.done() {
 			running = append(running, c)
 		}
 	}
@@ -466,15 +485,20 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 
 // TerminationChannel returns a channel that is closed when the named
 // controller has stopped after its removal, its StopFunc included. The
-// controller installed under name wins; when none is, it is the one last
-// removed under name that is still stopping. For a name with neither it
+// controller installed under name wins: when the name was installed again
+// after a removal, the channel is the new controller's, closed only once
+// that one is removed and stopped (keep the old controller's channel,
+// taken before the new install, to wait for the old one). When none is
+// installed, it is the one last removed under name that is still stopping
+// (see [Manager.GetStoppingStatus]), so "remove, then wait on
+// TerminationChannel" waits for the StopFunc. For a name with neither it
 // returns a closed channel. Do not close the channel.
 func (m *Manager) TerminationChannel(name string) chan struct{} {
 	m.mu.Lock()
 	c, ok := m.controllers[name]
 	if !ok {
 		for i := len(m.stopping) - 1; i >= 0; i-- {
-			if s := m.stopping[i]; s.name == name && !s.done() {
+			if s := m.stopping[i].c; s.name == name && !s.done() {
 				c, ok = s, true
 				break
 			}

@@ -403,7 +403,11 @@ func TestFaultStopFuncBlocksUntilItsContextEnds(t *testing.T) {
 		assert.True(t, isClosed(terminationOf(a)), "cancelled at the deadline, the StopFunc returned")
 		assert.ErrorIs(t, a.GetLastError(), context.Canceled)
 		assert.Equal(t, 1, a.GetFailureCount())
-		assert.Equal(t, []string{"StopFunc failed"}, e.logs(logrus.WarnLevel))
+		assert.ElementsMatch(t, []string{
+			"controller removed 1m0s ago is still stopping: its StopFunc has not returned", // a, an hour ago
+			"controller removed 1m0s ago is still stopping: its DoFunc has not returned",   // b, at the deadline
+			"StopFunc failed",
+		}, e.logs(logrus.WarnLevel))
 
 		close(release)
 		<-terminationOf(b)

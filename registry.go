@@ -10,9 +10,10 @@ import (
 	"unsafe"
 )
 
-// registry holds every Manager that has controllers installed, for
-// GetGlobalStatus. A Manager is in it only while it has controllers, so an
-// emptied Manager can be garbage collected.
+// registry holds every Manager that has controllers installed or stopping,
+// for GetGlobalStatus, GetGlobalStoppingStatus and the metrics computed
+// when scraped. A Manager is in it only while it has such controllers, so
+// an emptied Manager can be garbage collected.
 var registry managerRegistry
 
 type managerRegistry struct {
@@ -29,6 +30,17 @@ func (r *managerRegistry) add(m *Manager) {
 	r.managers[m] = struct{}{}
 }
 
+// snapshot returns the registered Managers.
+func (r *managerRegistry) snapshot() []*Manager {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ms := make([]*Manager, 0, len(r.managers))
+	for m := range r.managers {
+		ms = append(ms, m)
+	}
+	return ms
+}
+
 func (r *managerRegistry) remove(m *Manager) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -39,14 +51,8 @@ func (r *managerRegistry) remove(m *Manager) {
 // Manager in the process (but those of [FakeManager]s), sorted by name, then
 // by UUID.
 func GetGlobalStatus() ControllerStatuses {
-	registry.mu.Lock()
-	ms := make([]*Manager, 0, len(registry.managers))
-	for m := range registry.managers {
-		ms = append(ms, m)
-	}
-	registry.mu.Unlock()
 	var cs []*Controller
-	for _, m := range ms {
+	for _, m := range registry.snapshot() {
 		m.mu.Lock()
 		for _, c := range m.controllers {
 			cs = append(cs, c)

@@ -121,6 +121,10 @@ type ControllerStatusStatus struct {
 	// none runs. A run that has lasted long is stuck: see
 	// [Manager.Health].
 	RunningSince time.Time `json:"running-since,omitzero"`
+	// RemovedTimestamp is when the controller was removed; set only in
+	// the statuses of controllers still stopping
+	// ([Manager.GetStoppingStatus]), left out otherwise.
+	RemovedTimestamp time.Time `json:"removed-timestamp,omitzero"`
 }
 
 // failing reports whether the status is of a failing controller: one whose
