@@ -175,7 +175,7 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 	}
 	slices.SortFunc(rows, compareStatus)
 	now := time.Now()
-	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, "Name\tLast success\tLast error\tCount\tMessage")
 	for _, s := range rows {
 		st := s.Status
@@ -195,6 +195,9 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 	}
 	return tw.Flush()
 }
+
+// newTable returns the tabwriter of the status tables.
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 8, 3, ' ', 0) }
 
 // oneLine returns s fit for one cell of the table: its lines joined with
 // "; " (blank ones dropped) and every other control character a space, so
