@@ -97,7 +97,7 @@ func (c *Controller) logSlowStop(d time.Duration) {
 	if c.runStart.Load() != 0 {
 		fn = "DoFunc"
 	}
-	c.log(&logLine{level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d, fn), duration: d, timed: true})
+	c.log(&logLine{level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
 }
 
 // GetStoppingStatus returns the status of every controller removed from
