@@ -32,15 +32,18 @@ type Controller struct {
 	// for runStart and params.RunTimeout.
 	uuid [16]byte
 
-	// Atomic.
+	// Atomic. state leaves 4 bytes free before logs: the one hole in
+	// the struct, for a future 4-byte field.
 	state atomic.Uint32           // the st* bits; see the table below
 	logs  atomic.Pointer[logSink] // the Manager's sink with the name and uuid added, built on first use
 	// runStart is when the running DoFunc started (Unix nanoseconds; 0:
-	// none runs). The loop stores it as the run starts, with the one
-	// atomic store the lock-free claim of a timed run allows, and clears
-	// it under mu when the run ends; readers (the status, Health, the
-	// longest-running gauge) only load it.
-	runStart atomic.Int64
+	// none runs). An exception to the grouping: the loop publishes it
+	// with atomic.StoreInt64 as the run starts (the lock-free claim of a
+	// timed run has no lock to put it under) and clears it with a plain
+	// store under mu, which spares each run a second atomic store; so
+	// every reader holds mu and loads it atomically (runningSinceLocked).
+	// It follows 32 bytes on 32-bit platforms too: 64-bit aligned.
+	runStart int64
 
 	// Immutable after construction.
 	mgr    *Manager      // the owner; its release is the loop's last act
@@ -209,6 +212,17 @@ func (c *Controller) GetLastSuccessTimestamp() time.Time {
 	return unixTime(c.lastSuccessTime)
 }
 
+// runningSinceLocked returns when the running DoFunc started, Unix
+// nanoseconds; 0 when none runs. The caller holds mu.
+func (c *Controller) runningSinceLocked() int64 { return atomic.LoadInt64(&c.runStart) }
+
+// runningSince is runningSinceLocked for a caller without mu.
+func (c *Controller) runningSince() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runningSinceLocked()
+}
+
 // failure returns the controller's consecutive failure count and its last
 // error, read together: a consistent answer to "is it failing, and why".
 func (c *Controller) failure() (consecutive int64, last error) {
@@ -271,7 +285,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		LastFailureTimestamp:    statusTime(c.lastErrTime),
 		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
 		LastRunDuration:         Duration(c.lastRunDuration),
-		RunningSince:            statusTime(c.runStart.Load()),
+		RunningSince:            statusTime(c.runningSinceLocked()),
 	}
 	*s = ControllerStatus{Name: c.name, UUID: uuid, Configuration: cfg, Status: st}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,6 +24,12 @@ import (
 //     error is the same string, and run counts go to the metrics' own
 //     collector. TestRunLoopDoesNotAllocate; a controller's whole life,
 //     TestControllerLifeAllocations.
+//   - A run publishes its start (Controller.runStart, for the status, Health
+//     and the longest-running gauge) with one atomic store and clears it
+//     with a plain store under the lock afterRun takes anyway; readers
+//     take the lock. Nothing else about a run in flight is recorded, and
+//     the gauges that need more compute it when scraped.
+//     BenchmarkRunSuccess.
 //   - A timed run whose state did not change is claimed with one
 //     CompareAndSwap, without the lock; the state table in controller.go
 //     says why that is safe. TestRemovalRacingATimedRunIsNotLost, and the
@@ -143,7 +150,7 @@ func (c *Controller) run() {
 // the start (one atomic store, the lock-free claim took no lock to put it
 // under) and bounds the run by RunTimeout when that is set.
 func (c *Controller) callDo(l *loop, start time.Duration) (err error, stack []byte) {
-	c.runStart.Store(l.anchorNs + int64(start))
+	atomic.StoreInt64(&c.runStart, l.anchorNs+int64(start))
 	if l.timeout > 0 {
 		return callTimed(l)
 	}
@@ -242,7 +249,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 		l.step = 0
 	}
 	c.mu.Lock()
-	c.runStart.Store(0)
+	c.runStart = 0 // under mu: see the field
 	c.lastRunDuration = took
 	ev := c.recordLocked(o, err, msg, end)
 	ev.timedOut = timedOut && o == outcomeFailure && stack == nil

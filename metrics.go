@@ -280,12 +280,12 @@ func (m *Metrics) scrapeManagers(now time.Time) (stopping int64, longest time.Du
 		mgr.mu.Lock()
 		stopping += mgr.stoppingN.Load()
 		for _, c := range mgr.controllers {
-			if s := c.runStart.Load(); s != 0 && s < oldest {
+			if s := c.runningSince(); s != 0 && s < oldest {
 				oldest = s
 			}
 		}
 		for _, s := range mgr.stopping {
-			if s := s.c.runStart.Load(); s != 0 && s < oldest {
+			if s := s.c.runningSince(); s != 0 && s < oldest {
 				oldest = s
 			}
 		}

@@ -289,11 +289,10 @@ func healthOf(cs []*Controller, now time.Time) error {
 // stuck returns the error Health reports for c when its running DoFunc
 // has run longer than its limit at now, else nil.
 func (c *Controller) stuck(now time.Time) error {
-	start := c.runStart.Load()
+	start, limit, what := c.runAndLimit()
 	if start == 0 {
 		return nil
 	}
-	limit, what := c.stuckLimit()
 	ran := now.Sub(time.Unix(0, start))
 	if limit <= 0 || ran <= limit {
 		return nil
@@ -301,14 +300,15 @@ func (c *Controller) stuck(now time.Time) error {
 	return fmt.Errorf("controller %q: %w: DoFunc has run for %s, over %s of %s", c.name, ErrRunStuck, ran.Round(time.Millisecond), what, limit)
 }
 
-// stuckLimit returns how long a run of c may last before Health reports it,
-// and what sets that limit; 0 for none.
-func (c *Controller) stuckLimit() (time.Duration, string) {
+// runAndLimit returns when c's running DoFunc started (0: none runs), how
+// long a run may last before Health reports it, and what sets that limit
+// (0: no limit).
+func (c *Controller) runAndLimit() (start int64, limit time.Duration, what string) {
 	c.mu.Lock()
-	timeout := c.params.RunTimeout
+	start, timeout := c.runningSinceLocked(), c.params.RunTimeout
 	c.mu.Unlock()
 	if timeout > 0 {
-		return timeout, "its RunTimeout"
+		return start, timeout, "its RunTimeout"
 	}
-	return c.mgr.stuckAfter, "the Manager's stuck threshold"
+	return start, c.mgr.stuckAfter, "the Manager's stuck threshold"
 }

@@ -94,7 +94,7 @@ func (m *Manager) warnSlowStops() {
 // still runs, or its StopFunc does.
 func (c *Controller) logSlowStop(d time.Duration) {
 	fn := "StopFunc"
-	if c.runStart.Load() != 0 {
+	if c.runningSince() != 0 {
 		fn = "DoFunc"
 	}
 	c.log(&logLine{level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
