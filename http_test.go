@@ -316,3 +316,25 @@ func TestStatusHandlerGlobal(t *testing.T) {
 		b.m.RemoveAllAndWait()
 	})
 }
+
+// A removed controller whose DoFunc still runs is listed as waiting for
+// its DoFunc, with how long that has run.
+func TestStatusHandlerStoppingDoFunc(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		never := make(chan struct{})
+		e.m.UpdateController("hung", ControllerParams{DoFunc: func(context.Context) error { <-never; return nil }})
+		time.Sleep(time.Minute)
+		require.NoError(t, e.m.RemoveController("hung"))
+		time.Sleep(5 * time.Second)
+		h := StatusHandler(e.m)
+		assert.Equal(t, "Controller Status: 0/0 healthy\n\n"+
+			"Stopping: 1 removed controller has not terminated\n"+
+			"Name   Removed   Waiting for            Message\n"+
+			"hung   5s ago    DoFunc, running 1m5s   no error\n", body(t, serve(h, http.MethodGet, "/", "")))
+		tables, _ := parsePage(t, body(t, serve(h, http.MethodGet, "/?format=html", "")))
+		assert.Equal(t, []string{"DoFunc, running 1m5s"}, tables["stopping"].column(3))
+		close(never)
+		e.m.RemoveAllAndWait()
+	})
+}
