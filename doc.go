@@ -202,16 +202,6 @@
 // zero; the status table, Health and the controllers_failing metric all use
 // that rule.
 //
-// Stuck work is visible too. A running DoFunc shows in its status
-// (running-since) and in the controllers_longest_running_seconds gauge;
-// Health names a run that outlasted its RunTimeout, or the Manager's
-// [WithStuckAfter] threshold. A removed controller whose DoFunc or
-// StopFunc has not returned is listed by [Manager.GetStoppingStatus] and
-// [GetGlobalStoppingStatus], and counted in controllers_stopping, until it
-// terminates, also after a Shutdown deadline; after a minute
-// ([WithSlowStopWarning]) it is logged at Warn, once. [StatusHandler] and
-// [HealthHandler] serve all of this over HTTP.
-//
 // # Goroutines
 //
 // Each controller has one goroutine, started by UpdateController or
@@ -221,4 +211,16 @@
 // goroutine (but for what the context package starts when a parameters'
 // Context is of a type of its own, and the short-lived one of each
 // Manager's timer that warns of controllers slow to stop).
+//
+// # Stuck work
+//
+// Failures are not the only trouble an operator looks for. A running
+// DoFunc shows in its status (running-since) and in the
+// controllers_longest_running_seconds gauge; Health names a run that
+// outlasted its RunTimeout, or the Manager's [WithStuckAfter] threshold. A
+// removed controller whose DoFunc or StopFunc has not returned is listed by
+// [Manager.GetStoppingStatus] and [GetGlobalStoppingStatus], and counted in
+// controllers_stopping, until it terminates, also after a Shutdown
+// deadline; after a minute ([WithSlowStopWarning]) it is logged at Warn,
+// once. [StatusHandler] and [HealthHandler] serve all of this over HTTP.
 package controller
