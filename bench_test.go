@@ -56,6 +56,14 @@ func BenchmarkRunFailure(b *testing.B) {
 	})
 }
 
+// BenchmarkRunSuccessWithRunTimeout is BenchmarkRunSuccess with a
+// RunTimeout: each run then makes a context with a deadline and its timer.
+func BenchmarkRunSuccessWithRunTimeout(b *testing.B) {
+	benchRuns(b, func(cd *countdown) ControllerParams {
+		return ControllerParams{DoFunc: cd.do, RunInterval: time.Nanosecond, Group: NewGroup("bench"), RunTimeout: time.Hour}
+	})
+}
+
 func benchRuns(b *testing.B, params func(*countdown) ControllerParams) {
 	m := benchManager(b)
 	b.ReportAllocs()

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 )
 
 // Controller is one named, retrying background task installed in a
@@ -28,12 +27,23 @@ type Controller struct {
 
 	// Immutable after construction.
 	name string
-	uuid [36]byte // UUID() views it as a string
+	// uuid holds the raw bytes, formatted on demand (UUID, the statuses,
+	// the log sink once): 20 bytes less than the 36-byte text, which pay
+	// for runStart and params.RunTimeout.
+	uuid [16]byte
 
-	// Atomic (state first, in the 4 bytes uuid leaves before the next
-	// word).
+	// Atomic. state leaves 4 bytes free before logs: the one hole in
+	// the struct, for a future 4-byte field.
 	state atomic.Uint32           // the st* bits; see the table below
 	logs  atomic.Pointer[logSink] // the Manager's sink with the name and uuid added, built on first use
+	// runStart is when the running DoFunc started (Unix nanoseconds; 0:
+	// none runs). An exception to the grouping: the loop publishes it
+	// with atomic.StoreInt64 as the run starts (the lock-free claim of a
+	// timed run has no lock to put it under) and clears it with a plain
+	// store under mu, which spares each run a second atomic store; so
+	// every reader holds mu and loads it atomically (runningSinceLocked).
+	// It follows 32 bytes on 32-bit platforms too: 64-bit aligned.
+	runStart int64
 
 	// Immutable after construction.
 	mgr    *Manager      // the owner; its release is the loop's last act
@@ -146,14 +156,12 @@ func (c *Controller) Name() string { return c.name }
 // stays the same across updates; a controller installed again under the
 // same name after a removal gets a new one.
 //
-// The string shares the Controller's memory, and so do the UUIDs in its
-// statuses: holding one keeps the whole Controller from being garbage
-// collected. Copy it with [strings.Clone] to keep it after the controller
-// is gone.
+// Each call formats the string anew (one allocation): the Controller
+// keeps only the 16 raw bytes.
 func (c *Controller) UUID() string {
-	// The bytes never change after construction, so a string may share
-	// them: UUID and GetStatusModel cost no allocation.
-	return unsafe.String(&c.uuid[0], len(c.uuid))
+	var b [36]byte
+	formatUUID(b[:], c.uuid)
+	return string(b[:])
 }
 
 // GetSuccessCount returns the number of successful runs, runs that ended
@@ -204,6 +212,17 @@ func (c *Controller) GetLastSuccessTimestamp() time.Time {
 	return unixTime(c.lastSuccessTime)
 }
 
+// runningSinceLocked returns when the running DoFunc started, Unix
+// nanoseconds; 0 when none runs. The caller holds mu.
+func (c *Controller) runningSinceLocked() int64 { return atomic.LoadInt64(&c.runStart) }
+
+// runningSince is runningSinceLocked for a caller without mu.
+func (c *Controller) runningSince() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runningSinceLocked()
+}
+
 // failure returns the controller's consecutive failure count and its last
 // error, read together: a consistent answer to "is it failing, and why".
 func (c *Controller) failure() (consecutive int64, last error) {
@@ -235,11 +254,13 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 		Configuration: &ControllerStatusConfiguration{},
 		Status:        &ControllerStatusStatus{},
 	}
-	c.fillStatus(s, s.Configuration, s.Status)
+	c.fillStatus(s, s.Configuration, s.Status, c.UUID())
 	return s
 }
 
-func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus) {
+// fillStatus fills a status of c; uuid is c's UUID, formatted by the
+// caller (statusesOf formats a whole list's into one string).
+func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
@@ -254,6 +275,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		MaxRetryInterval: Duration(p.MaxRetryInterval),
 		MaxRetries:       int64(p.MaxRetries),
 		Jitter:           Duration(p.Jitter),
+		RunTimeout:       Duration(p.RunTimeout),
 	}
 	*st = ControllerStatusStatus{
 		SuccessCount:            c.successCount,
@@ -263,8 +285,9 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		LastFailureTimestamp:    statusTime(c.lastErrTime),
 		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
 		LastRunDuration:         Duration(c.lastRunDuration),
+		RunningSince:            statusTime(c.runningSinceLocked()),
 	}
-	*s = ControllerStatus{Name: c.name, UUID: c.UUID(), Configuration: cfg, Status: st}
+	*s = ControllerStatus{Name: c.name, UUID: uuid, Configuration: cfg, Status: st}
 }
 
 // newController returns a controller for params, not yet started. verr is

@@ -38,7 +38,8 @@
 // derived from the parameters' Context (nil means Background), cancelled on
 // removal, and replaced, the old one cancelled, on an update or trigger
 // when CancelDoFuncOnUpdate is set, or on an update that brings a
-// different Context. Otherwise it is reused from run to run.
+// different Context. Otherwise it is reused from run to run. With a
+// RunTimeout, each run gets a child of it that ends after RunTimeout.
 //
 // Rule 3, what a run's result means:
 //
@@ -53,6 +54,12 @@
 //     the parameters' Context itself has ended, the controller parks: no
 //     DoFunc runs on timers or triggers until an update brings a live
 //     Context.
+//   - anything, nil included, from a run that lasted the parameters'
+//     RunTimeout (when it is above zero; DoFunc's context ended then): a
+//     failure whose error wraps [ErrRunTimeout] and what DoFunc returned,
+//     and names the timeout, counted in controllers_run_timeouts_total
+//     as well. A removal or update that cancelled the run first makes it
+//     the case above.
 //   - any other error, or a panic (recovered; its error reads
 //     "panic: <value>" and the stack goes to the log): a failure. The
 //     failure count and the consecutive failures go up, and the last
@@ -171,7 +178,11 @@
 // (the zero Manager is ready to use), name its controllers after the owner
 // ("endpoint-12-sync-to-store"), and tear the owner down with
 // [Manager.Shutdown] and a deadline, or RemoveAllAndWait: when they return,
-// no DoFunc or StopFunc of the owner is running or will run. Passing an
+// no DoFunc or StopFunc of the owner is running or will run. Shutdown ends
+// the Manager's life: from the moment it is called, installs are refused
+// (logged at Warn), so a late event handler cannot bring a dead owner's
+// controllers back. RemoveAllAndWait empties the Manager and leaves it
+// usable, as Cilium's does. Passing an
 // owner's context as the parameters' Context stops DoFunc runs when that
 // context ends, but the controllers stay installed until they are removed.
 //
@@ -215,5 +226,18 @@
 // RemoveControllerAndWait, RemoveAllAndWait or Shutdown, or wait on its
 // TerminationChannel after removing it. The package starts no other
 // goroutine (but for what the context package starts when a parameters'
-// Context is of a type of its own).
+// Context is of a type of its own, and the short-lived one of each
+// Manager's timer that warns of controllers slow to stop).
+//
+// # Stuck work
+//
+// Failures are not the only trouble an operator looks for. A running
+// DoFunc shows in its status (running-since) and in the
+// controllers_longest_running_seconds gauge; Health names a run that
+// outlasted its RunTimeout, or the Manager's [WithStuckAfter] threshold. A
+// removed controller whose DoFunc or StopFunc has not returned is listed by
+// [Manager.GetStoppingStatus] and [GetGlobalStoppingStatus], and counted in
+// controllers_stopping, until it terminates, also after a Shutdown
+// deadline; after a minute ([WithSlowStopWarning]) it is logged at Warn,
+// once. [StatusHandler] and [HealthHandler] serve all of this over HTTP.
 package controller

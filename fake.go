@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // FakeManager returns a Manager holding failingControllers controllers,
@@ -21,7 +23,7 @@ func FakeManager(failingControllers int) *Manager {
 	for i := range failingControllers {
 		name := fmt.Sprintf("controller-%d", i)
 		c := &Controller{name: name, mgr: m, fake: true, signal: make(chan struct{}, 1)}
-		copy(c.uuid[:], fmt.Sprintf("00000000-0000-4000-8000-%012d", i))
+		c.uuid = uuid.MustParse(fmt.Sprintf("00000000-0000-4000-8000-%012d", i))
 		c.params.DoFunc = NoopFunc
 		// Without c.mu: no other goroutine can see c yet.
 		c.recordFailureLocked(errors.New("controller failed"), "controller failed", now)

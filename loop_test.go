@@ -4,7 +4,9 @@
 package controller
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -367,5 +370,110 @@ func TestFaultStopFuncPanics(t *testing.T) {
 		require.NoError(t, e.m.Shutdown(context.Background()))
 		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
 		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.failing))
+	})
+}
+
+// Rule 3, the timeout: with a RunTimeout, DoFunc's context ends when the
+// run has lasted that long, and such a run is a failure wrapping
+// ErrRunTimeout and what DoFunc returned, whatever that was, counted in
+// controllers_run_timeouts_total; a removal during the run still counts
+// as a cancellation. Without one, a run has no deadline.
+func TestRunTimeout(t *testing.T) {
+	cases := []struct {
+		name      string
+		do        func(ctx context.Context) error
+		remove    time.Duration // remove the controller at this time; 0: never
+		wantMsg   string
+		wantTook  time.Duration
+		wantCount float64
+	}{
+		{"DoFunc returns its context's error", func(ctx context.Context) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, 0, "run timed out: DoFunc ran for its RunTimeout of 5s: context deadline exceeded", 5 * time.Second, 1},
+		{"DoFunc ignores its context and returns nil", func(ctx context.Context) error {
+			time.Sleep(7 * time.Second)
+			return nil
+		}, 0, "run timed out: DoFunc ran for its RunTimeout of 5s", 7 * time.Second, 1},
+		{"a removal cancels the run first", func(ctx context.Context) error {
+			time.Sleep(6 * time.Second)
+			return ctx.Err()
+		}, 2 * time.Second, "controller context canceled", 6 * time.Second, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				var deadline atomic.Pointer[time.Time]
+				c := e.m.UpdateController("c", ControllerParams{RunTimeout: 5 * time.Second, NoErrorRetry: true, Group: NewGroup("g"),
+					DoFunc: func(ctx context.Context) error {
+						d, _ := ctx.Deadline()
+						deadline.Store(&d)
+						return tc.do(ctx)
+					}})
+				start := time.Now()
+				if tc.remove > 0 {
+					time.Sleep(tc.remove)
+					require.NoError(t, e.m.RemoveController("c"))
+				}
+				time.Sleep(10 * time.Second)
+				assert.Equal(t, start.Add(5*time.Second), *deadline.Load())
+				assert.Equal(t, tc.wantMsg, c.GetStatusModel().Status.LastFailureMsg)
+				assert.Equal(t, Duration(tc.wantTook), c.GetStatusModel().Status.LastRunDuration)
+				assert.Equal(t, tc.wantCount, testutil.ToFloat64(e.metrics.timeouts.WithLabelValues("g")))
+				if tc.wantCount > 0 {
+					assert.ErrorIs(t, c.GetLastError(), ErrRunTimeout)
+					var te *RunTimeoutError
+					require.ErrorAs(t, c.GetLastError(), &te)
+					assert.Equal(t, 5*time.Second, te.Timeout)
+					assert.Equal(t, 1, c.GetFailureCount())
+					assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))
+					assert.Equal(t, []string{"controller failed; retrying"}, e.logs(logrus.WarnLevel))
+				}
+				e.m.RemoveAllAndWait()
+			})
+		})
+	}
+}
+
+// Rule 2 without a RunTimeout: the run context has no deadline, and it is
+// the same context from run to run.
+func TestNoRunTimeoutNoDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		r := newRecorder()
+		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: time.Second})
+		time.Sleep(1500 * time.Millisecond)
+		r.mu.Lock()
+		ctxs := r.ctxs
+		r.mu.Unlock()
+		require.Len(t, ctxs, 2)
+		_, has := ctxs[0].Deadline()
+		assert.False(t, has)
+		assert.Same(t, ctxs[0], ctxs[1])
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// While DoFunc runs, the status says since when, and FormatStatus for how
+// long; the field is left out of the JSON once the run ended.
+func TestStatusShowsTheRunningDoFunc(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		b := newBlocker()
+		c := e.m.UpdateController("hung", ControllerParams{DoFunc: b.fn(0)})
+		start := time.Now()
+		time.Sleep(time.Hour + 5*time.Second)
+		assert.Equal(t, start.UTC(), c.GetStatusModel().Status.RunningSince)
+		var buf bytes.Buffer
+		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), true))
+		assert.Contains(t, buf.String(), "hung   never          never        0       [running 1h0m5s] no error\n")
+		close(b.release)
+		synctest.Wait()
+		assert.Zero(t, c.GetStatusModel().Status.RunningSince)
+		js, err := json.Marshal(c.GetStatusModel())
+		require.NoError(t, err)
+		assert.NotContains(t, string(js), "running-since")
+		e.m.RemoveAllAndWait()
 	})
 }

@@ -33,14 +33,19 @@ type Manager struct {
 	sorted      []*Controller          // controllers sorted by name; nil: to be rebuilt
 	registered  bool                   // in the global registry (has controllers, not fake)
 	fake        bool
+	closed      bool // Shutdown was called: installs are refused
 
 	// Controllers removed and not yet terminated: stoppingN counts them
 	// (decremented without the lock by the terminating goroutine);
-	// stopping lists them, terminated ones included until pruned. Each
-	// joined cohort, the open stop cohort, when it was removed.
-	stoppingN atomic.Int64
-	stopping  []*Controller
-	cohort    *stopCohort
+	// stopping lists them with their removal times, terminated ones
+	// included until pruned. Each joined cohort, the open stop cohort,
+	// when it was removed. watch warns of those that stop too slowly
+	// (stopping.go); made on the first removal, armed while watchArmed.
+	stoppingN  atomic.Int64
+	stopping   []stoppingController
+	cohort     *stopCohort
+	watch      *time.Timer
+	watchArmed bool
 
 	// Options, set before first use.
 	logrusLog  *logrus.Entry // WithLogger; nil: the default
@@ -48,6 +53,8 @@ type Manager struct {
 	metrics    *Metrics
 	metricsSet bool          // metrics came from WithMetrics, nil included
 	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source
+	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
+	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
 
 	// sink is where the controllers log, resolved from the options by the
 	// first newController (under mu, sinkSet then true) and read by the
@@ -129,6 +136,14 @@ func WithJitterSource(src rand.Source) Option {
 	}
 }
 
+// WithStuckAfter makes [Manager.Health] report a controller without a
+// RunTimeout whose DoFunc has run longer than d; a controller with a
+// RunTimeout is reported once its run outlasts that instead. Default (and
+// for d ≤ 0): off, only controllers with a RunTimeout are reported stuck.
+func WithStuckAfter(d time.Duration) Option {
+	return func(m *Manager) { m.stuckAfter = max(d, 0) }
+}
+
 // jitterSource serialises the draws from a caller's source.
 type jitterSource struct {
 	mu sync.Mutex
@@ -164,6 +179,10 @@ func (m *Manager) metricsOrDefault() *Metrics {
 	return DefaultMetrics
 }
 
+// ErrManagerShutDown is the error logged when an install is refused
+// because [Manager.Shutdown] was called; check for it with errors.Is.
+var ErrManagerShutDown = errors.New("manager was shut down")
+
 // ErrControllerNotFound is wrapped by the error of a removal of a name that
 // has no controller; check for it with errors.Is.
 var ErrControllerNotFound = errors.New("controller not found")
@@ -179,7 +198,9 @@ var ErrControllerNotFound = errors.New("controller not found")
 // told, and DoFunc is not called until an update brings valid parameters.
 //
 // An empty name installs nothing: it is logged at Error and
-// UpdateController returns nil.
+// UpdateController returns nil. Neither does a Manager that
+// [Manager.Shutdown] was called on: the refusal is logged at Warn, naming
+// the controller, and UpdateController returns nil.
 func (m *Manager) UpdateController(name string, params ControllerParams) *Controller {
 	c, _ := m.install(name, params, true)
 	return c
@@ -188,7 +209,7 @@ func (m *Manager) UpdateController(name string, params ControllerParams) *Contro
 // CreateController installs a controller named name with params, as
 // [Manager.UpdateController] does, unless one is installed under that name
 // already: then it changes nothing and returns false. It returns true when
-// it installed a controller.
+// it installed a controller; false, too, when the Manager was shut down.
 func (m *Manager) CreateController(name string, params ControllerParams) bool {
 	_, created := m.install(name, params, false)
 	return created
@@ -204,6 +225,13 @@ func (m *Manager) install(name string, params ControllerParams, update bool) (*C
 	group := m.metricsOrDefault().group(params.Group.Name)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		// Logged under m.mu, so that a Shutdown's installs are refused in
+		// the order they came; a refused install is rare.
+		sink := m.newSink()
+		sink.write(name, &logLine{level: levelWarn, msg: fmt.Sprintf("refusing to install controller %q: the Manager was shut down", name), err: ErrManagerShutDown})
+		return nil, false
+	}
 	c, exists := m.controllers[name]
 	switch {
 	case exists && !update:
@@ -294,16 +322,20 @@ func (m *Manager) stopLocked(c *Controller) {
 		if len(m.stopping) == cap(m.stopping) || m.stoppingN.Load() == 0 {
 			m.pruneStoppingLocked()
 		}
-		m.stopping = append(m.stopping, c)
+		m.stopping = append(m.stopping, stoppingController{c: c, removed: time.Now().UnixNano()})
 		m.stoppingN.Add(1)
 		c.cohort = m.openCohortLocked()
 		c.cohort.pending.Add(1)
+		m.watchStoppingLocked()
 	}
 	c.remove()
 }
 
+// unregisterIfEmptyLocked takes m out of the global registry once it has
+// neither installed nor stopping controllers: the global statuses list
+// both kinds.
 func (m *Manager) unregisterIfEmptyLocked() {
-	if m.registered && len(m.controllers) == 0 {
+	if m.registered && len(m.controllers) == 0 && m.stoppingN.Load() == 0 {
 		registry.remove(m)
 		m.registered = false
 	}
@@ -316,7 +348,13 @@ func (m *Manager) release(c *Controller) {
 	c.mu.Lock()
 	c.markDoneLocked()
 	c.mu.Unlock()
-	m.stoppingN.Add(-1)
+	if m.stoppingN.Add(-1) == 0 && !m.fake {
+		// The last stopping controller: m may leave the registry. Only
+		// the goroutine that brings the count to 0 takes the lock.
+		m.mu.Lock()
+		m.unregisterIfEmptyLocked()
+		m.mu.Unlock()
+	}
 	c.cohort.release(1)
 }
 
@@ -332,7 +370,7 @@ func (m *Manager) pruneStoppingLocked() {
 		m.stopping = m.stopping[:0]
 		return
 	}
-	m.stopping = slices.DeleteFunc(m.stopping, (*Controller).done)
+	m.stopping = slices.DeleteFunc(m.stopping, func(s stoppingController) bool { return s.c.done() })
 }
 
 // RemoveAll removes every controller of the Manager without waiting, as
@@ -344,11 +382,13 @@ func (m *Manager) RemoveAll() {
 }
 
 // removeAllAndSeal removes every controller and seals the open stop cohort,
-// in one critical section: the returned cohort (nil: nothing to wait for)
-// drains once exactly the controllers removed so far have terminated.
-func (m *Manager) removeAllAndSeal() *stopCohort {
+// in one critical section, closing the Manager first when close is set:
+// the returned cohort (nil: nothing to wait for) drains once exactly the
+// controllers removed so far have terminated.
+func (m *Manager) removeAllAndSeal(close bool) *stopCohort {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.closed = m.closed || close
 	m.removeAllLocked()
 	co := m.sealCohortLocked()
 	if co == nil {
@@ -374,10 +414,14 @@ func (m *Manager) removeAllLocked() {
 		m.stoppingN.Add(int64(len(cs)))
 		co := m.openCohortLocked()
 		co.pending.Add(int64(len(cs)))
+		now := time.Now().UnixNano()
 		for _, c := range cs {
-			m.stopping = append(m.stopping, c)
+			m.stopping = append(m.stopping, stoppingController{c: c, removed: now})
 			c.cohort = co
 			c.remove()
+		}
+		if len(cs) > 0 {
+			m.watchStoppingLocked()
 		}
 	}
 	m.unregisterIfEmptyLocked()
@@ -389,21 +433,28 @@ func (m *Manager) removeAllLocked() {
 // DoFunc or StopFunc that never returns makes it wait for ever; use
 // [Manager.Shutdown] to bound the wait.
 func (m *Manager) RemoveAllAndWait() {
-	if co := m.removeAllAndSeal(); co != nil {
+	if co := m.removeAllAndSeal(false); co != nil {
 		<-co.drained
 	}
 }
 
-// Shutdown removes every controller of the Manager and waits until all have
+// Shutdown ends the Manager's life, as [net/http.Server.Shutdown] ends a
+// server's: from the moment it is called the Manager refuses installs
+// (logged at Warn; UpdateController returns nil, CreateController false),
+// so a late event handler cannot install a controller into an owner that
+// is going away. It removes every controller and waits until all have
 // stopped, those removed earlier and still stopping included, or until ctx
-// ends. Controllers installed and removed while it waits are not waited
-// for. When ctx ends first, it cancels the contexts of the StopFuncs still
+// ends. When ctx ends first, it cancels the contexts of the StopFuncs still
 // running (or yet to run) of the controllers it waited for and returns an
-// error that wraps ctx.Err() and names them. The Manager stays usable
-// afterwards.
+// error that wraps ctx.Err() and names them; they stay in
+// [Manager.GetStoppingStatus] until they terminate. A second Shutdown
+// waits again for whatever is still stopping.
+//
+// To empty a Manager and keep using it, as Cilium's RemoveAllAndWait
+// does, call [Manager.RemoveAllAndWait].
 func (m *Manager) Shutdown(ctx context.Context) error {
 	ctx = contextOrBackground(ctx)
-	co := m.removeAllAndSeal()
+	co := m.removeAllAndSeal(true)
 	if co == nil {
 		return nil
 	}
@@ -414,8 +465,8 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	var running []*Controller
-	for _, c := range m.stopping {
-		if c.cohort.seq <= co.seq && !c.done() {
+	for _, s := range m.stopping {
+		if c := s.c; c.cohort.seq <= co.seq && !c.done() {
 			running = append(running, c)
 		}
 	}
@@ -434,15 +485,20 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 
 // TerminationChannel returns a channel that is closed when the named
 // controller has stopped after its removal, its StopFunc included. The
-// controller installed under name wins; when none is, it is the one last
-// removed under name that is still stopping. For a name with neither it
+// controller installed under name wins: when the name was installed again
+// after a removal, the channel is the new controller's, closed only once
+// that one is removed and stopped (keep the old controller's channel,
+// taken before the new install, to wait for the old one). When none is
+// installed, it is the one last removed under name that is still stopping
+// (see [Manager.GetStoppingStatus]), so "remove, then wait on
+// TerminationChannel" waits for the StopFunc. For a name with neither it
 // returns a closed channel. Do not close the channel.
 func (m *Manager) TerminationChannel(name string) chan struct{} {
 	m.mu.Lock()
 	c, ok := m.controllers[name]
 	if !ok {
 		for i := len(m.stopping) - 1; i >= 0; i-- {
-			if s := m.stopping[i]; s.name == name && !s.done() {
+			if s := m.stopping[i].c; s.name == name && !s.done() {
 				c, ok = s, true
 				break
 			}

@@ -260,7 +260,8 @@ func TestFaultDoFuncIgnoresItsContext(t *testing.T) {
 
 // Shutdown bounds the wait: at its deadline it cancels the StopFunc contexts
 // and returns an error wrapping ctx.Err() that names what still runs; the
-// Manager stays usable.
+// Manager is closed for installs, and a second Shutdown waits again for
+// what still stops.
 func TestShutdownDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -289,12 +290,72 @@ func TestShutdownDeadline(t *testing.T) {
 		assert.Empty(t, e.m.GetStatusModel())
 
 		r := newRecorder()
-		e.m.UpdateController("again", ControllerParams{DoFunc: r.do})
+		assert.Nil(t, e.m.UpdateController("again", ControllerParams{DoFunc: r.do}))
 		synctest.Wait()
-		assert.Equal(t, 1, r.count(), "the Manager stays usable")
-		close(stuck)
-		require.NoError(t, e.m.Shutdown(context.Background()))
+		assert.Zero(t, r.count(), "a shut down Manager installs nothing")
+
+		ctx2, cancel2 := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel2()
+		go func() {
+			time.Sleep(time.Minute)
+			close(stuck)
+		}()
+		start = time.Now()
+		require.NoError(t, e.m.Shutdown(ctx2))
+		assert.Equal(t, time.Minute, time.Since(start), "the second Shutdown waits for the stubborn DoFunc")
 		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.active))
+	})
+}
+
+// From the moment Shutdown is called, installs are refused: UpdateController
+// returns nil and CreateController false, each logged at Warn with the name
+// and ErrManagerShutDown, and nothing runs or shows in the statuses. A
+// Manager emptied with RemoveAllAndWait stays usable, as in Cilium.
+func TestInstallAfterShutdownIsRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		reused := newRecorder()
+		e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc})
+		e.m.RemoveAllAndWait()
+		require.NotNil(t, e.m.UpdateController("c", ControllerParams{DoFunc: reused.do}))
+		synctest.Wait()
+		assert.Equal(t, 1, reused.count(), "RemoveAllAndWait leaves the Manager usable")
+
+		// A StopFunc that installs, as a late event handler would, while
+		// Shutdown waits for it.
+		late := newRecorder()
+		var installed *Controller
+		var created bool
+		e.m.UpdateController("owner", ControllerParams{DoFunc: NoopFunc, StopFunc: func(context.Context) error {
+			installed = e.m.UpdateController("late-update", ControllerParams{DoFunc: late.do})
+			created = e.m.CreateController("late-create", ControllerParams{DoFunc: late.do})
+			return nil
+		}})
+		synctest.Wait()
+		require.NoError(t, e.m.Shutdown(context.Background()))
+		assert.Nil(t, installed)
+		assert.False(t, created)
+		assert.Nil(t, e.m.UpdateController("after", ControllerParams{DoFunc: late.do}))
+		assert.False(t, e.m.CreateController("after", ControllerParams{DoFunc: late.do}))
+		assert.False(t, e.m.TriggerController("after"))
+		synctest.Wait()
+		assert.Zero(t, late.count())
+		assert.Empty(t, e.m.GetStatusModel())
+		assert.Empty(t, statusNames(GetGlobalStatus()))
+		var refused []string
+		for _, en := range e.hook.AllEntries() {
+			if en.Level == logrus.WarnLevel {
+				assert.ErrorIs(t, en.Data[logrus.ErrorKey].(error), ErrManagerShutDown)
+				refused = append(refused, en.Message)
+			}
+		}
+		assert.Equal(t, []string{
+			`refusing to install controller "late-update": the Manager was shut down`,
+			`refusing to install controller "late-create": the Manager was shut down`,
+			`refusing to install controller "after": the Manager was shut down`,
+			`refusing to install controller "after": the Manager was shut down`,
+		}, refused)
+		assert.NoError(t, e.m.Shutdown(context.Background()), "a second Shutdown finds nothing to wait for")
 	})
 }
 
@@ -342,7 +403,11 @@ func TestFaultStopFuncBlocksUntilItsContextEnds(t *testing.T) {
 		assert.True(t, isClosed(terminationOf(a)), "cancelled at the deadline, the StopFunc returned")
 		assert.ErrorIs(t, a.GetLastError(), context.Canceled)
 		assert.Equal(t, 1, a.GetFailureCount())
-		assert.Equal(t, []string{"StopFunc failed"}, e.logs(logrus.WarnLevel))
+		assert.ElementsMatch(t, []string{
+			"controller removed 1m0s ago is still stopping: its StopFunc has not returned", // a, an hour ago
+			"controller removed 1m0s ago is still stopping: its DoFunc has not returned",   // b, at the deadline
+			"StopFunc failed",
+		}, e.logs(logrus.WarnLevel))
 
 		close(release)
 		<-terminationOf(b)

@@ -49,10 +49,17 @@ type MetricsOpts struct {
 //	controllers_group_runs_total{group_name,status}  counter    the same per group (not for the zero Group)
 //	controllers_failing                              gauge      controllers whose consecutive failure count is > 0
 //	controllers_active                               gauge      controllers installed and not yet terminated
+//	controllers_stopping                             gauge      controllers removed whose DoFunc or StopFunc has not returned
+//	controllers_longest_running_seconds              gauge      how long the longest-running DoFunc has run (0: none runs)
 //	controllers_panics_total{group_name}             counter    recovered panics of DoFunc and StopFunc
+//	controllers_run_timeouts_total{group_name}       counter    runs that lasted their RunTimeout (also counted as failures)
 //
 // status is "success" or "failure". When several Managers share a Metrics,
-// each gauge is their sum. A nil *Metrics records nothing.
+// each gauge is their sum (the longest-running one, their maximum).
+// controllers_stopping and controllers_longest_running_seconds are
+// computed when scraped, visiting every controller of the Managers that
+// record into the Metrics; controllers_active counts installed and
+// stopping controllers, controllers_stopping the latter alone. A nil *Metrics records nothing.
 type Metrics struct {
 	// Run counts and durations are kept in runStats rather than in a
 	// prometheus.HistogramVec and CounterVec: one run then costs one
@@ -61,13 +68,18 @@ type Metrics struct {
 	runs        [2]runStats // by runStatus
 	runsDesc    *prometheus.Desc
 	runDuration *prometheus.Desc
-	upperNanos  []int64   // bucket upper bounds in nanoseconds, rounded down
-	upper       []float64 // the same in seconds, as given
+	// Gauges computed when scraped, from the Managers in the registry
+	// that record here: a run costs nothing for them.
+	stoppingDesc *prometheus.Desc
+	longestDesc  *prometheus.Desc
+	upperNanos   []int64   // bucket upper bounds in nanoseconds, rounded down
+	upper        []float64 // the same in seconds, as given
 
 	groupRuns *prometheus.CounterVec // nil when DisableGroupMetrics
 	failing   prometheus.Gauge
 	active    prometheus.Gauge
 	panics    *prometheus.CounterVec
+	timeouts  *prometheus.CounterVec
 
 	groupsMu sync.Mutex
 	groups   map[string]*groupHandles
@@ -172,6 +184,12 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 		runDuration: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_runs_duration_seconds"),
 			"Duration of controller runs (DoFunc calls) in seconds, by outcome.",
 			[]string{labelStatus}, cl),
+		stoppingDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_stopping"),
+			"Number of controllers removed whose DoFunc or StopFunc has not returned yet.",
+			nil, cl),
+		longestDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_longest_running_seconds"),
+			"How long the longest-running DoFunc, of an installed or a stopping controller, has run, in seconds; 0 when none runs.",
+			nil, cl),
 		failing: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, ConstLabels: cl,
 			Name: "controllers_failing",
@@ -186,6 +204,11 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 			Namespace: ns, ConstLabels: cl,
 			Name: "controllers_panics_total",
 			Help: "Number of panics recovered from controllers' DoFunc and StopFunc, by group.",
+		}, []string{labelGroup}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, ConstLabels: cl,
+			Name: "controllers_run_timeouts_total",
+			Help: "Number of controller runs that lasted their RunTimeout, by group; each also counts as a failed run.",
 		}, []string{labelGroup}),
 	}
 	for i, b := range buckets {
@@ -221,6 +244,8 @@ func durationFloor(s float64) int64 {
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.runsDesc
 	ch <- m.runDuration
+	ch <- m.stoppingDesc
+	ch <- m.longestDesc
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
@@ -234,13 +259,43 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			float64(count+m.runs[i].noDurRun.Load()), runStatusNames[i])
 		ch <- prometheus.MustNewConstHistogram(m.runDuration, count, sum, buckets, runStatusNames[i])
 	}
+	stopping, longest := m.scrapeManagers(time.Now())
+	ch <- prometheus.MustNewConstMetric(m.stoppingDesc, prometheus.GaugeValue, float64(stopping))
+	ch <- prometheus.MustNewConstMetric(m.longestDesc, prometheus.GaugeValue, longest.Seconds())
 	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}
 }
 
+// scrapeManagers returns, over the Managers recording into m, the number of
+// controllers stopping and how long the longest-running DoFunc has run at
+// now. It visits every controller of those Managers: the cost of a scrape,
+// not of a run.
+func (m *Metrics) scrapeManagers(now time.Time) (stopping int64, longest time.Duration) {
+	oldest := now.UnixNano()
+	for _, mgr := range registry.snapshot() {
+		if mgr.metricsOrDefault() != m {
+			continue
+		}
+		mgr.mu.Lock()
+		stopping += mgr.stoppingN.Load()
+		for _, c := range mgr.controllers {
+			if s := c.runningSince(); s != 0 && s < oldest {
+				oldest = s
+			}
+		}
+		for _, s := range mgr.stopping {
+			if s := s.c.runningSince(); s != 0 && s < oldest {
+				oldest = s
+			}
+		}
+		mgr.mu.Unlock()
+	}
+	return stopping, now.Sub(time.Unix(0, oldest))
+}
+
 func (m *Metrics) collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{m.failing, m.active, m.panics}
+	cs := []prometheus.Collector{m.failing, m.active, m.panics, m.timeouts}
 	if m.groupRuns != nil {
 		cs = append(cs, m.groupRuns)
 	}
@@ -253,6 +308,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 type groupHandles struct {
 	success, failure prometheus.Counter // nil: no per-group counting
 	panics           prometheus.Counter // nil: metrics off
+	timeouts         prometheus.Counter // nil: metrics off
 }
 
 // noMetrics are the handles of a Manager whose metrics are off.
@@ -268,7 +324,7 @@ func (m *Metrics) group(name string) *groupHandles {
 	if g, ok := m.groups[name]; ok {
 		return g
 	}
-	g := &groupHandles{panics: m.panics.WithLabelValues(name)}
+	g := &groupHandles{panics: m.panics.WithLabelValues(name), timeouts: m.timeouts.WithLabelValues(name)}
 	if m.groupRuns != nil && name != "" {
 		g.success = m.groupRuns.WithLabelValues(name, success)
 		g.failure = m.groupRuns.WithLabelValues(name, failure)
@@ -313,6 +369,12 @@ func (m *Metrics) countStopFailure(g *groupHandles) {
 func (m *Metrics) countPanic(g *groupHandles) {
 	if m != nil {
 		g.panics.Inc()
+	}
+}
+
+func (m *Metrics) countTimeout(g *groupHandles) {
+	if m != nil {
+		g.timeouts.Inc()
 	}
 }
 

@@ -41,10 +41,17 @@ cilium_controllers_failing{cluster="c1"} 1
 # TYPE cilium_controllers_group_runs_total counter
 cilium_controllers_group_runs_total{cluster="c1",group_name="sync",status="failure"} 2
 cilium_controllers_group_runs_total{cluster="c1",group_name="sync",status="success"} 1
+# HELP cilium_controllers_longest_running_seconds How long the longest-running DoFunc, of an installed or a stopping controller, has run, in seconds; 0 when none runs.
+# TYPE cilium_controllers_longest_running_seconds gauge
+cilium_controllers_longest_running_seconds{cluster="c1"} 0
 # HELP cilium_controllers_panics_total Number of panics recovered from controllers' DoFunc and StopFunc, by group.
 # TYPE cilium_controllers_panics_total counter
 cilium_controllers_panics_total{cluster="c1",group_name=""} 1
 cilium_controllers_panics_total{cluster="c1",group_name="sync"} 0
+# HELP cilium_controllers_run_timeouts_total Number of controller runs that lasted their RunTimeout, by group; each also counts as a failed run.
+# TYPE cilium_controllers_run_timeouts_total counter
+cilium_controllers_run_timeouts_total{cluster="c1",group_name=""} 0
+cilium_controllers_run_timeouts_total{cluster="c1",group_name="sync"} 0
 # HELP cilium_controllers_runs_duration_seconds Duration of controller runs (DoFunc calls) in seconds, by outcome.
 # TYPE cilium_controllers_runs_duration_seconds histogram
 cilium_controllers_runs_duration_seconds_bucket{cluster="c1",status="failure",le="0.5"} 1
@@ -61,6 +68,9 @@ cilium_controllers_runs_duration_seconds_count{cluster="c1",status="success"} 1
 # TYPE cilium_controllers_runs_total counter
 cilium_controllers_runs_total{cluster="c1",status="failure"} 3
 cilium_controllers_runs_total{cluster="c1",status="success"} 1
+# HELP cilium_controllers_stopping Number of controllers removed whose DoFunc or StopFunc has not returned yet.
+# TYPE cilium_controllers_stopping gauge
+cilium_controllers_stopping{cluster="c1"} 0
 `
 		assert.NoError(t, testutil.GatherAndCompare(e.reg, strings.NewReader(want)))
 		e.m.RemoveAllAndWait()
@@ -130,4 +140,56 @@ func TestRunDurationSumFolds(t *testing.T) {
 	want := (foldAt + time.Second).Seconds() + time.Duration(math.MaxInt64).Seconds()
 	assert.InEpsilon(t, want, sum, 1e-12)
 	assert.Zero(t, s.sumNanos.Load(), "folded")
+}
+
+// The gauges computed at scrape time: controllers_longest_running_seconds
+// follows the oldest running DoFunc, installed or removed and still
+// running, of the Managers that record into the Metrics only;
+// controllers_stopping counts the removed controllers that have not
+// terminated, also past a Shutdown deadline.
+func TestMetricsOfRunsInFlightAndStoppingControllers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		other := newEnv(t) // its own Metrics: not counted in e's
+		gauges := func() (longest, stopping float64) {
+			mfs, err := e.reg.Gather()
+			require.NoError(t, err)
+			for _, mf := range mfs {
+				switch mf.GetName() {
+				case "controllers_longest_running_seconds":
+					longest = mf.GetMetric()[0].GetGauge().GetValue()
+				case "controllers_stopping":
+					stopping = mf.GetMetric()[0].GetGauge().GetValue()
+				}
+			}
+			return longest, stopping
+		}
+		never := make(chan struct{})
+		hang := func(context.Context) error { <-never; return nil }
+		other.m.UpdateController("older", ControllerParams{DoFunc: hang})
+		time.Sleep(time.Hour)
+		e.m.UpdateController("hung", ControllerParams{DoFunc: hang})
+		time.Sleep(90 * time.Second)
+		e.m.UpdateController("young", ControllerParams{DoFunc: hang})
+		e.m.UpdateController("idle", ControllerParams{DoFunc: NoopFunc})
+		time.Sleep(30 * time.Second)
+		longest, stopping := gauges()
+		assert.Equal(t, 120.0, longest)
+		assert.Equal(t, 0.0, stopping)
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		assert.ErrorIs(t, e.m.Shutdown(ctx), context.DeadlineExceeded)
+		time.Sleep(time.Minute)
+		longest, stopping = gauges()
+		assert.Equal(t, 181.0, longest, "a removed DoFunc that still runs counts")
+		assert.Equal(t, 2.0, stopping)
+
+		close(never)
+		synctest.Wait()
+		longest, stopping = gauges()
+		assert.Equal(t, 0.0, longest)
+		assert.Equal(t, 0.0, stopping)
+		other.m.RemoveAllAndWait()
+	})
 }

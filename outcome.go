@@ -4,7 +4,9 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 )
 
@@ -17,23 +19,33 @@ func (c *Controller) mayBeCancelled(l *loop) bool {
 }
 
 // classify decides what a run that returned err (and panicked with stack,
-// if not nil) was, by rule 3, and reads the error's message. The error it
-// returns is the one to record: err, errContextCanceled for a cancelled
-// run, or an unreadableError for an error whose methods panicked. It keeps
-// l.lastFailure, the value of the last failure, so that the same value
-// returned again is not classified anew.
-func (c *Controller) classify(l *loop, err error, stack []byte) (outcome, error, string) {
+// if not nil) was, by rule 3, and reads the error's message; timedOut
+// says the run lasted its RunTimeout. The error it returns is the one to
+// record: err, errContextCanceled for a cancelled run, a
+// *RunTimeoutError, or an unreadableError for an error whose methods
+// panicked. It keeps l.lastFailure, the value of the last failure, so
+// that the same value returned again is not classified anew.
+func (c *Controller) classify(l *loop, err error, stack []byte, timedOut bool) (outcome, error, string) {
 	switch {
-	case err == nil:
+	case err == nil && !timedOut:
 		l.lastFailure = nil
 		return outcomeSuccess, nil, ""
 	case stack != nil:
 		// A panic is a failure, cancelled or not; panicError's message is
 		// our own.
 		return outcomeFailure, err, err.Error()
-	case c.mayBeCancelled(l) && l.ctx.Err() != nil:
+	case err != nil && c.mayBeCancelled(l) && l.ctx.Err() != nil:
+		// A removal or update cancelled the run: that wins over a
+		// timeout, which the run context does not carry.
 		l.lastFailure = nil
 		return outcomeExit, errContextCanceled, errContextCanceled.Error()
+	case timedOut:
+		l.lastFailure = nil
+		if err != nil {
+			err, _, _ = inspectError(err, false)
+		}
+		te := &RunTimeoutError{Timeout: l.timeout, Err: err}
+		return outcomeFailure, te, te.Error()
 	}
 	returned := err
 	// The same value as the last failure is a failure again, without
@@ -53,6 +65,7 @@ func (c *Controller) classify(l *loop, err error, stack []byte) (outcome, error,
 
 // runEvent is what a recorded run changed, for the log lines after it.
 type runEvent struct {
+	timedOut       bool  // a failure because the run lasted its RunTimeout
 	recoveredAfter int64 // a streak of this many failures just ended
 	streakStart    bool  // the first failure of a streak
 	msgChanged     bool  // a failure within a streak, with a new message
@@ -121,6 +134,37 @@ func inspectError(err error, classify bool) (read error, msg string, exit bool) 
 		method = "Error"
 	}
 	return err, err.Error(), exit
+}
+
+// ErrRunTimeout is wrapped by the error recorded for a run that lasted its
+// [ControllerParams.RunTimeout]; check for it with errors.Is.
+var ErrRunTimeout = errors.New("run timed out")
+
+// RunTimeoutError is the error recorded for a run that lasted its
+// RunTimeout, whatever DoFunc returned. It wraps [ErrRunTimeout] and the
+// error DoFunc returned, if any:
+//
+//	run timed out: DoFunc ran for its RunTimeout of 5s: context deadline exceeded
+type RunTimeoutError struct {
+	Timeout time.Duration // the RunTimeout of the run
+	Err     error         // what DoFunc returned; nil for nil
+}
+
+// Error names the timeout, then DoFunc's error.
+func (e *RunTimeoutError) Error() string {
+	msg := fmt.Sprintf("%v: DoFunc ran for its RunTimeout of %s", ErrRunTimeout, e.Timeout)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns ErrRunTimeout and DoFunc's error.
+func (e *RunTimeoutError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrRunTimeout}
+	}
+	return []error{ErrRunTimeout, e.Err}
 }
 
 // unreadableError stands in for an error whose methods panicked.

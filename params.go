@@ -111,6 +111,14 @@ type ControllerParams struct {
 	// decides.
 	CancelDoFuncOnUpdate bool
 
+	// RunTimeout bounds a run: DoFunc's context ends once the run has
+	// lasted this long, and a run that lasts this long is a failure
+	// wrapping [ErrRunTimeout], whatever DoFunc returned (rule 3),
+	// counted in controllers_run_timeouts_total. A DoFunc that ignores
+	// its context still runs on: [Manager.Health] then names it. Zero:
+	// no bound (a run costs one context and one timer when set).
+	RunTimeout time.Duration
+
 	// Context is the parent of the context DoFunc gets. When it ends, the
 	// running DoFunc is cancelled and the controller stops running DoFunc
 	// until an update brings a live context. Nil means
@@ -128,7 +136,7 @@ var ErrInvalidParams = errors.New("invalid controller parameters")
 
 // Validate reports whether the parameters can run. It rejects a nil DoFunc
 // and a negative RunInterval, ErrorRetryBaseDuration, MaxRetryInterval,
-// Jitter or MaxRetries. The error names every offending field with its value
+// Jitter, MaxRetries or RunTimeout. The error names every offending field with its value
 // and wraps [ErrInvalidParams].
 func (p ControllerParams) Validate() error {
 	var errs []error
@@ -152,6 +160,9 @@ func (p ControllerParams) Validate() error {
 	}
 	if p.MaxRetries < 0 {
 		bad("MaxRetries", p.MaxRetries)
+	}
+	if p.RunTimeout < 0 {
+		bad("RunTimeout", p.RunTimeout)
 	}
 	return errors.Join(errs...)
 }

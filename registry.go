@@ -3,14 +3,17 @@
 package controller
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
-// registry holds every Manager that has controllers installed, for
-// GetGlobalStatus. A Manager is in it only while it has controllers, so an
-// emptied Manager can be garbage collected.
+// registry holds every Manager that has controllers installed or stopping,
+// for GetGlobalStatus, GetGlobalStoppingStatus and the metrics computed
+// when scraped. A Manager is in it only while it has such controllers, so
+// an emptied Manager can be garbage collected.
 var registry managerRegistry
 
 type managerRegistry struct {
@@ -27,6 +30,17 @@ func (r *managerRegistry) add(m *Manager) {
 	r.managers[m] = struct{}{}
 }
 
+// snapshot returns the registered Managers.
+func (r *managerRegistry) snapshot() []*Manager {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ms := make([]*Manager, 0, len(r.managers))
+	for m := range r.managers {
+		ms = append(ms, m)
+	}
+	return ms
+}
+
 func (r *managerRegistry) remove(m *Manager) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -37,27 +51,25 @@ func (r *managerRegistry) remove(m *Manager) {
 // Manager in the process (but those of [FakeManager]s), sorted by name, then
 // by UUID.
 func GetGlobalStatus() ControllerStatuses {
-	registry.mu.Lock()
-	ms := make([]*Manager, 0, len(registry.managers))
-	for m := range registry.managers {
-		ms = append(ms, m)
-	}
-	registry.mu.Unlock()
 	var cs []*Controller
-	for _, m := range ms {
+	for _, m := range registry.snapshot() {
 		m.mu.Lock()
 		for _, c := range m.controllers {
 			cs = append(cs, c)
 		}
 		m.mu.Unlock()
 	}
-	slices.SortFunc(cs, func(a, b *Controller) int {
-		if c := strings.Compare(a.name, b.name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.UUID(), b.UUID())
-	})
+	slices.SortFunc(cs, compareController)
 	return statusesOf(cs)
+}
+
+// compareController orders controllers by name, then by UUID: the raw
+// bytes sort as their lower-case hex text does.
+func compareController(a, b *Controller) int {
+	if c := strings.Compare(a.name, b.name); c != 0 {
+		return c
+	}
+	return bytes.Compare(a.uuid[:], b.uuid[:])
 }
 
 // statusesOf returns the statuses of cs, in their order, in a constant
@@ -67,9 +79,24 @@ func statusesOf(cs []*Controller) ControllerStatuses {
 	ss := make([]ControllerStatus, len(cs))
 	cfgs := make([]ControllerStatusConfiguration, len(cs))
 	sts := make([]ControllerStatusStatus, len(cs))
+	uuids := formatUUIDs(cs)
 	for i, c := range cs {
-		c.fillStatus(&ss[i], &cfgs[i], &sts[i])
+		c.fillStatus(&ss[i], &cfgs[i], &sts[i], uuids[i*36:(i+1)*36])
 		out[i] = &ss[i]
 	}
 	return out
+}
+
+// formatUUIDs returns the UUIDs of cs, 36 bytes each, in one string.
+func formatUUIDs(cs []*Controller) string {
+	if len(cs) == 0 {
+		return ""
+	}
+	b := make([]byte, 36*len(cs))
+	for i, c := range cs {
+		formatUUID(b[i*36:], c.uuid)
+	}
+	// b is never written again: the string may share it, one allocation
+	// for every UUID of the call.
+	return unsafe.String(&b[0], len(b))
 }

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 // Duration is a [time.Duration] that marshals, in JSON and as text, as a Go
@@ -98,6 +100,8 @@ type ControllerStatusConfiguration struct {
 	MaxRetries int64 `json:"max-retries,omitzero"`
 	// Jitter is the jitter bound; left out when 0.
 	Jitter Duration `json:"jitter,omitzero"`
+	// RunTimeout bounds each run; left out when 0 (no bound).
+	RunTimeout Duration `json:"run-timeout,omitzero"`
 }
 
 // ControllerStatusStatus is the statistics part of a [ControllerStatus].
@@ -113,6 +117,14 @@ type ControllerStatusStatus struct {
 	// LastRunDuration is how long the last DoFunc run took; left out when
 	// 0.
 	LastRunDuration Duration `json:"last-run-duration,omitzero"`
+	// RunningSince is when the DoFunc running now started; left out when
+	// none runs. A run that has lasted long is stuck: see
+	// [Manager.Health].
+	RunningSince time.Time `json:"running-since,omitzero"`
+	// RemovedTimestamp is when the controller was removed; set only in
+	// the statuses of controllers still stopping
+	// ([Manager.GetStoppingStatus]), left out otherwise.
+	RemovedTimestamp time.Time `json:"removed-timestamp,omitzero"`
 }
 
 // failing reports whether the status is of a failing controller: one whose
@@ -134,9 +146,12 @@ func compareStatus(a, b *ControllerStatus) int {
 //	sync-to-k8s   never          3s ago       4       connection refused
 //
 // Times read "never" or "<duration rounded to seconds> ago"; Count is the
-// number of consecutive failures; Message is the last error, or "no error".
-// Rows are sorted by name. No table is written when it would be empty. It
-// returns the first error writing to w.
+// number of consecutive failures; Message is the last error, or "no error",
+// after "[running 1m5s] " while a DoFunc runs, saying for how long.
+// Rows are sorted by name, one per controller: a message or name that
+// spans lines (an [errors.Join] of several errors does) has its lines
+// joined with "; ", and its tabs made spaces. No table is written when it
+// would be empty. It returns the first error writing to w.
 func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 	rows := make(ControllerStatuses, 0, len(statuses))
 	total, failing := 0, 0
@@ -160,22 +175,45 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 	}
 	slices.SortFunc(rows, compareStatus)
 	now := time.Now()
-	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, "Name\tLast success\tLast error\tCount\tMessage")
 	for _, s := range rows {
 		st := s.Status
 		if st == nil {
 			st = &ControllerStatusStatus{}
 		}
-		msg := st.LastFailureMsg
+		msg := oneLine(st.LastFailureMsg)
 		if msg == "" {
 			msg = "no error"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.Name,
+		if !st.RunningSince.IsZero() {
+			msg = "[running " + since(now, st.RunningSince) + "] " + msg
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", oneLine(s.Name),
 			ago(now, st.LastSuccessTimestamp), ago(now, st.LastFailureTimestamp),
 			st.ConsecutiveFailureCount, msg)
 	}
 	return tw.Flush()
+}
+
+// newTable returns the tabwriter of the status tables.
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 8, 3, ' ', 0) }
+
+// oneLine returns s fit for one cell of the table: its lines joined with
+// "; " (blank ones dropped) and every other control character a space, so
+// that neither a line break nor a tab can split a row.
+func oneLine(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	lines := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	s = strings.Join(lines, "; ")
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // ago formats t relative to now: "never" for the zero time, else the
@@ -184,44 +222,93 @@ func ago(now, t time.Time) string {
 	if t.IsZero() {
 		return "never"
 	}
-	d := now.Sub(t).Round(time.Second)
-	if d < 0 {
-		d = 0
-	}
-	return d.String() + " ago"
+	return since(now, t) + " ago"
 }
 
-// Health returns nil when none of the Manager's controllers is failing, else
-// one error per failing controller, sorted by name and joined with
-// [errors.Join]. Each names the controller and its consecutive failures and
-// wraps its last error:
+// since formats the time from t to now, rounded to seconds.
+func since(now, t time.Time) string {
+	return max(now.Sub(t).Round(time.Second), 0).String()
+}
+
+// ErrRunStuck is wrapped by the error [Manager.Health] returns for a
+// controller whose DoFunc has run too long; check for it with errors.Is.
+var ErrRunStuck = errors.New("run stuck")
+
+// Health returns nil when none of the Manager's controllers is failing or
+// stuck, else one error per failing and per stuck controller, sorted by
+// name and joined with [errors.Join]. A failing one's names its
+// consecutive failures and wraps its last error; a stuck one's wraps
+// [ErrRunStuck] and says how long DoFunc has run, and the limit:
 //
 //	controller "sync-to-k8s": 4 consecutive failures: connection refused
+//	controller "watch": run stuck: DoFunc has run for 1h0m0s, over its RunTimeout of 30s
 //
 // A controller is failing when its consecutive failure count is above zero;
 // that is the same rule as [FormatStatus] and the controllers_failing
-// metric.
+// metric. It is stuck when its running DoFunc has run longer than its
+// RunTimeout, or, without one, than the Manager's [WithStuckAfter]
+// threshold (off by default). With a RunTimeout, DoFunc's context ended at
+// the timeout: a stuck DoFunc ignores it.
 func (m *Manager) Health() error {
-	type failingController struct {
-		name string
-		n    int64
-		err  error
-	}
-	var fs []failingController
 	m.mu.Lock()
+	cs := make([]*Controller, 0, len(m.controllers))
 	for _, c := range m.controllers {
-		if n, err := c.failure(); n > 0 {
-			fs = append(fs, failingController{c.name, n, err})
-		}
+		cs = append(cs, c)
 	}
 	m.mu.Unlock()
-	if len(fs) == 0 {
+	return healthOf(cs, time.Now())
+}
+
+// healthOf returns the Health of cs, each judged by its own Manager's
+// threshold, at now.
+func healthOf(cs []*Controller, now time.Time) error {
+	type unhealthy struct {
+		c   *Controller
+		err error
+	}
+	var us []unhealthy
+	for _, c := range cs {
+		if n, err := c.failure(); n > 0 {
+			us = append(us, unhealthy{c, fmt.Errorf("controller %q: %d consecutive failures: %w", c.name, n, err)})
+		}
+		if err := c.stuck(now); err != nil {
+			us = append(us, unhealthy{c, err})
+		}
+	}
+	if len(us) == 0 {
 		return nil
 	}
-	slices.SortFunc(fs, func(a, b failingController) int { return cmp.Compare(a.name, b.name) })
-	errs := make([]error, len(fs))
-	for i, f := range fs {
-		errs[i] = fmt.Errorf("controller %q: %d consecutive failures: %w", f.name, f.n, f.err)
+	slices.SortStableFunc(us, func(a, b unhealthy) int { return compareController(a.c, b.c) })
+	errs := make([]error, len(us))
+	for i, u := range us {
+		errs[i] = u.err
 	}
 	return errors.Join(errs...)
+}
+
+// stuck returns the error Health reports for c when its running DoFunc
+// has run longer than its limit at now, else nil.
+func (c *Controller) stuck(now time.Time) error {
+	start, limit, what := c.runAndLimit()
+	if start == 0 {
+		return nil
+	}
+	ran := now.Sub(time.Unix(0, start))
+	if limit <= 0 || ran <= limit {
+		return nil
+	}
+	return fmt.Errorf("controller %q: %w: DoFunc has run for %s, over %s of %s", c.name, ErrRunStuck, ran.Round(time.Millisecond), what, limit)
+}
+
+// runAndLimit returns when c's running DoFunc started (0: none runs), how
+// long a run may last before Health reports it, and what sets that limit
+// (0: no limit).
+func (c *Controller) runAndLimit() (start int64, limit time.Duration, what string) {
+	c.mu.Lock()
+	start, timeout := c.runningSinceLocked(), c.params.RunTimeout
+	c.mu.Unlock()
+	if timeout > 0 {
+		return start, timeout, "its RunTimeout"
+	}
+	return start, c.mgr.stuckAfter, "the Manager's stuck threshold"
 }

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -33,7 +34,8 @@ func TestStatusJSON(t *testing.T) {
 		want := `[{"name":"sync","uuid":"` + c.UUID() + `",` +
 			`"configuration":{"error-retry":true,"error-retry-base":"1s","interval":"1m0s","group":"g"},` +
 			`"status":{"success-count":0,"failure-count":1,"consecutive-failure-count":1,` +
-			`"last-failure-msg":"boom","last-failure-timestamp":"2000-01-01T00:00:01.5Z","last-run-duration":"1.5s"}}]`
+			`"last-failure-msg":"boom","last-failure-timestamp":"2000-01-01T00:00:01.5Z","last-run-duration":"1.5s",` +
+			`"running-since":"2000-01-01T00:00:02.5Z"}}]` // the second run, 2.5-4s
 		assert.JSONEq(t, want, string(b))
 
 		time.Sleep(2 * time.Second)
@@ -49,18 +51,20 @@ func TestStatusJSON(t *testing.T) {
 }
 
 // The JSON has Cilium's field names, and the fields Cilium lacks
-// (max-retry-interval, max-retries, jitter) only when set; a Duration
+// (max-retry-interval, max-retries, jitter, run-timeout, running-since) only
+// when set; a Duration
 // also reads nanoseconds, and bad input is an error that says what it wants.
 func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 	st := &ControllerStatus{Name: "n", UUID: "u",
 		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
-			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second)},
-		Status: &ControllerStatusStatus{}}
+			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second), RunTimeout: Duration(time.Hour)},
+		Status: &ControllerStatusStatus{RunningSince: time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)}}
 	b, err := json.Marshal(st)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"name":"n","uuid":"u","configuration":{"error-retry":false,"error-retry-base":"1s","interval":"0s",
-		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s"},
-		"status":{"success-count":0,"failure-count":0,"consecutive-failure-count":0,"last-failure-msg":""}}`, string(b))
+		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s","run-timeout":"1h0m0s"},
+		"status":{"success-count":0,"failure-count":0,"consecutive-failure-count":0,"last-failure-msg":"",
+		"running-since":"2026-11-21T10:00:00Z"}}`, string(b))
 
 	var d Duration
 	require.NoError(t, json.Unmarshal([]byte(`1500000000`), &d), "nanoseconds are accepted")
@@ -220,6 +224,31 @@ func TestFormatStatus(t *testing.T) {
 	})
 }
 
+// FormatStatus keeps one row per controller when a message spans lines
+// (the joined validation error does) or holds a tab: the lines are joined
+// with "; ".
+func TestFormatStatusMultiLineMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		e.m.UpdateController("bad", ControllerParams{RunInterval: -1, Jitter: -1})
+		e.m.UpdateController("tabbed", ControllerParams{DoFunc: func(context.Context) error {
+			return errors.New("col\tumn\r\n\nnext")
+		}})
+		time.Sleep(time.Second / 2)
+		var buf bytes.Buffer
+		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), true))
+		assert.Equal(t, strings.Join([]string{
+			"Controller Status: 0/2 healthy",
+			"Name     Last success   Last error   Count   Message",
+			"bad      never          1s ago       1       invalid controller parameters: DoFunc must not be nil; " +
+				"invalid controller parameters: RunInterval must not be negative, got -1ns; " +
+				"invalid controller parameters: Jitter must not be negative, got -1ns",
+			"tabbed   never          1s ago       1       col umn; next",
+			""}, "\n"), buf.String())
+		e.m.RemoveAllAndWait()
+	})
+}
+
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
@@ -247,5 +276,40 @@ func TestHealthAgreesWithMetricsAndFormatStatus(t *testing.T) {
 		assert.EqualError(t, e.m.Health(), "controller \"b\": 3 consecutive failures: connection refused")
 		e.m.RemoveAllAndWait()
 		assert.NoError(t, e.m.Health())
+	})
+}
+
+// Health reports a DoFunc that has run longer than its RunTimeout (it
+// ignores its context), or, without one, than the Manager's WithStuckAfter
+// threshold; without either a hung DoFunc is not Health's business.
+func TestHealthReportsAStuckRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logger, _ := test.NewNullLogger()
+		m := NewManager(WithLogger(logger), WithMetrics(nil), WithStuckAfter(10*time.Minute))
+		plain := NewManager(WithLogger(logger), WithMetrics(nil))
+		never := make(chan struct{})
+		hang := func(context.Context) error { <-never; return nil }
+		m.UpdateController("timed", ControllerParams{DoFunc: hang, RunTimeout: 30 * time.Second})
+		m.UpdateController("untimed", ControllerParams{DoFunc: hang})
+		plain.UpdateController("untimed", ControllerParams{DoFunc: hang})
+
+		time.Sleep(30 * time.Second)
+		assert.NoError(t, m.Health(), "at its RunTimeout a run is not yet stuck")
+		time.Sleep(time.Second)
+		err := m.Health()
+		assert.ErrorIs(t, err, ErrRunStuck)
+		assert.EqualError(t, err, `controller "timed": run stuck: DoFunc has run for 31s, over its RunTimeout of 30s`)
+
+		time.Sleep(10 * time.Minute)
+		assert.EqualError(t, m.Health(), "controller \"timed\": run stuck: DoFunc has run for 10m31s, over its RunTimeout of 30s\n"+
+			"controller \"untimed\": run stuck: DoFunc has run for 10m31s, over the Manager's stuck threshold of 10m0s")
+		assert.NoError(t, plain.Health(), "the threshold is off by default")
+
+		close(never)
+		synctest.Wait()
+		assert.ErrorIs(t, m.Health(), ErrRunTimeout, "the timed run, once over, is a failure")
+		assert.NotErrorIs(t, m.Health(), ErrRunStuck)
+		m.RemoveAllAndWait()
+		plain.RemoveAllAndWait()
 	})
 }

@@ -198,8 +198,11 @@ func (s *storm) endRound() {
 	before := s.seq.Add(1)
 	if s.round%2 == 0 {
 		s.m.RemoveAllAndWait()
-	} else if err := s.m.Shutdown(context.Background()); err != nil {
-		s.errorf("Shutdown without a deadline: %v", err)
+	} else {
+		s.shut.Store(true)
+		if err := s.m.Shutdown(context.Background()); err != nil {
+			s.errorf("Shutdown without a deadline: %v", err)
+		}
 	}
 	after := s.seq.Add(1)
 	s.letBlock()
@@ -239,6 +242,13 @@ func (s *storm) endRound() {
 	for _, w := range s.workers {
 		clear(w.cur)
 		w.newContexts()
+	}
+	if s.shut.Load() {
+		// A shut down Manager takes no more installs: the next round
+		// gets a fresh one.
+		s.m = s.newMgr()
+		s.shut.Store(false)
+		s.shutDone.Store(false)
 	}
 }
 

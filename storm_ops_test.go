@@ -132,13 +132,19 @@ func (w *stormWorker) step() {
 func (w *stormWorker) update(own string) {
 	s := w.s
 	sub := w.newSubmission(own)
+	closed := s.shutDone.Load()
 	c := s.m.UpdateController(own, w.params(sub))
 	after := s.seq.Add(1)
-	if c == nil {
+	switch {
+	case c == nil && !s.shut.Load():
 		s.errorf("UpdateController(%q) returned nil", own)
-		return
+	case c == nil:
+		s.decline(sub) // refused: a Shutdown was called
+	case closed:
+		s.errorf("UpdateController(%q) installed after a Shutdown returned", own)
+	default:
+		w.bind(sub, c, after)
 	}
-	w.bind(sub, c, after)
 }
 
 // create installs under one of the worker's names unless a controller of
@@ -147,6 +153,7 @@ func (w *stormWorker) update(own string) {
 func (w *stormWorker) create(own string) {
 	s := w.s
 	sub := w.newSubmission(own)
+	closed := s.shutDone.Load()
 	s.allRemovals.RLock()
 	s.nameLocks[own].Lock()
 	created := s.m.CreateController(own, w.params(sub))
@@ -159,18 +166,26 @@ func (w *stormWorker) create(own string) {
 	after := s.seq.Add(1)
 	switch {
 	case !created:
-		s.mu.Lock()
-		sub.declined = true
-		s.declined = append(s.declined, sub)
-		s.mu.Unlock()
-		if w.cur[own] == nil {
+		s.decline(sub)
+		if w.cur[own] == nil && !s.shut.Load() {
 			s.errorf("CreateController(%q) returned false, but no controller of that name was installed", own)
 		}
+	case closed:
+		s.errorf("CreateController(%q) installed after a Shutdown returned", own)
 	case c == nil || (w.cur[own] != nil && w.cur[own].c == c):
 		s.errorf("CreateController(%q) returned true, but Lookup does not give a new controller", own)
 	default:
 		w.bind(sub, c, after)
 	}
+}
+
+// decline records parameters an install did not use: a CreateController
+// that found the name taken, or an install a Shutdown refused.
+func (s *storm) decline(sub *submission) {
+	s.mu.Lock()
+	sub.declined = true
+	s.declined = append(s.declined, sub)
+	s.mu.Unlock()
 }
 
 // remove removes the controller under one of the worker's names, with
@@ -279,18 +294,20 @@ func (w *stormWorker) removeAll(op stormOp) {
 	before := s.seq.Add(1)
 	waited := false
 	switch op {
-	case opRemoveAll:
-		s.m.RemoveAll()
-	case opRemoveAllAndWait:
-		s.hold()
-		s.m.RemoveAllAndWait()
-		s.letBlock()
-		waited = true
 	case opShutdown:
+		if s.round%2 == 0 || !s.lateHalf {
+			// Shutdown closes the Manager for good: it ends only the
+			// second half of odd rounds, so that most of the storm runs
+			// on a Manager that takes installs.
+			s.m.RemoveAll()
+			break
+		}
+		s.shut.Store(true)
 		d := []time.Duration{0, 20 * time.Microsecond, 200 * time.Microsecond}[w.rng.IntN(3)]
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		err := s.m.Shutdown(ctx)
 		cancel()
+		s.shutDone.Store(true)
 		if err != nil && (!errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "still running: ")) {
 			s.errorf("Shutdown at its deadline returned %v, want one wrapping context.DeadlineExceeded and naming what still runs", err)
 		}
@@ -300,6 +317,13 @@ func (w *stormWorker) removeAll(op stormOp) {
 			s.totals.shutdownErrs++
 			s.mu.Unlock()
 		}
+	case opRemoveAll:
+		s.m.RemoveAll()
+	case opRemoveAllAndWait:
+		s.hold()
+		s.m.RemoveAllAndWait()
+		s.letBlock()
+		waited = true
 	}
 	after := s.seq.Add(1)
 	s.mu.Lock()

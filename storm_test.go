@@ -105,8 +105,10 @@ func TestStorm(t *testing.T) {
 	perWorkerRound := max(2, (*stormOps+stormWorkers*rounds-1)/(stormWorkers*rounds))
 	for round := range rounds {
 		s.round = round
+		s.lateHalf = false
 		s.phase(perWorkerRound / 2)
 		s.pause()
+		s.lateHalf = true
 		s.phase(perWorkerRound - perWorkerRound/2)
 		s.endRound()
 		if s.errCount.Load() > 0 {
@@ -147,13 +149,19 @@ func (s *storm) phase(n int) {
 type storm struct {
 	t        *testing.T
 	seed     uint64
-	m        *Manager
-	met      *Metrics
-	reg      *prometheus.Registry
-	seq      atomic.Uint64
+	m        *Manager // replaced by newManager between rounds once shut down
+	newMgr   func() *Manager
 	round    int
-	workers  []*stormWorker
-	errCount atomic.Int32
+	lateHalf bool // the round's second phase: a Shutdown may close m
+	// shut is set when a Shutdown of m is called, shutDone once one
+	// returned: from shut on an install may be refused, from shutDone on
+	// it must be.
+	shut, shutDone atomic.Bool
+	met            *Metrics
+	reg            *prometheus.Registry
+	seq            atomic.Uint64
+	workers        []*stormWorker
+	errCount       atomic.Int32
 
 	// allRemovals excludes RemoveAll, RemoveAllAndWait and Shutdown (write
 	// lock) from a Create and its Lookup (read lock); nameLocks do the same
@@ -307,9 +315,11 @@ func newStorm(t *testing.T, seed uint64) *storm {
 	met := NewMetrics(MetricsOpts{})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(met)
+	newMgr := func() *Manager { return NewManager(WithLogger(logger), WithMetrics(met)) }
 	s := &storm{
 		t: t, seed: seed,
-		m:         NewManager(WithLogger(logger), WithMetrics(met)),
+		m:         newMgr(),
+		newMgr:    newMgr,
 		met:       met,
 		reg:       reg,
 		nameLocks: map[string]*sync.Mutex{},

@@ -18,8 +18,8 @@ var ids struct {
 	left int // UUIDs left in buf
 }
 
-// newUUID writes a random (version 4) UUID in its canonical form to dst.
-func newUUID(dst *[36]byte) {
+// newUUID writes the bytes of a random (version 4) UUID to dst.
+func newUUID(dst *[16]byte) {
 	var u uuid.UUID
 	ids.Lock()
 	if ids.left == 0 {
@@ -31,11 +31,13 @@ func newUUID(dst *[36]byte) {
 	ids.Unlock()
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // RFC 4122 variant
-	formatUUID(dst, u)
+	*dst = u
 }
 
-// formatUUID writes u as xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
-func formatUUID(dst *[36]byte, u uuid.UUID) {
+// formatUUID writes u as xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx to dst, which
+// holds at least 36 bytes.
+func formatUUID(dst []byte, u [16]byte) {
+	_ = dst[35]
 	const hexDigits = "0123456789abcdef"
 	j := 0
 	for i, b := range u {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -15,16 +16,20 @@ import (
 func TestUUIDsAreUniqueVersion4(t *testing.T) {
 	seen := map[string]bool{}
 	for range 1000 {
+		var u [16]byte
+		newUUID(&u)
 		var b [36]byte
-		newUUID(&b)
+		formatUUID(b[:], u)
 		id := string(b[:])
+		require.Equal(t, uuid.UUID(u).String(), id, "the canonical form")
 		require.Len(t, id, 36)
 		require.Equal(t, byte('4'), id[14], id)
 		require.Contains(t, "89ab", string(id[19]), id)
 		require.False(t, seen[id])
 		seen[id] = true
 	}
-	var b [36]byte
-	newUUID(&b)
-	assert.Equal(t, 4, strings.Count(string(b[:]), "-"))
+	var u [16]byte
+	newUUID(&u)
+	c := &Controller{uuid: u}
+	assert.Equal(t, 4, strings.Count(c.UUID(), "-"))
 }

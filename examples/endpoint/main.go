@@ -19,7 +19,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -291,29 +290,19 @@ func (a *agent) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// newHandler serves the agent's introspection endpoints:
+// newHandler serves the agent's introspection endpoints, the last two the
+// library's handlers over every Manager of the process (each endpoint
+// has its own):
 //
 //	/metrics      the Prometheus metrics in reg
-//	/controllers  the status of every controller of the process, as JSON
-//	/healthz      200 "ok", or 503 and the failing controllers
-func newHandler(a *agent, reg *prometheus.Registry) http.Handler {
+//	/controllers  the status of every controller: a page in a browser,
+//	              a table for curl, JSON with ?format=json
+//	/healthz      200 "ok", or 503 and the failing or stuck controllers
+func newHandler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /controllers", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(controller.GetGlobalStatus())
-	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := a.health(); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, err)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	mux.Handle("GET /controllers", controller.StatusHandler(nil))
+	mux.Handle("GET /healthz", controller.HealthHandler(nil))
 	return mux
 }
 
@@ -392,7 +381,7 @@ func run(ctx context.Context, out io.Writer, opts ...option) error {
 		if err != nil {
 			return shutdown(err)
 		}
-		srv = &http.Server{Handler: newHandler(a, reg), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: newHandler(reg), ReadHeaderTimeout: 5 * time.Second}
 		// Joined below, after srv.Shutdown made Serve return.
 		go func() { served <- srv.Serve(ln) }()
 		fmt.Fprintf(out, "serving /metrics, /controllers and /healthz on http://%s\n", ln.Addr())

@@ -147,7 +147,7 @@ func TestHealthzIs503WithHealthTextUntilTheStoreRecovers(t *testing.T) {
 		store := newKVStore(always)
 		a := newAgent(store, controller.WithLogger(quietLogger()), controller.WithMetrics(nil))
 		defer deleteAll(t, a)
-		h := newHandler(a, prometheus.NewRegistry())
+		h := newHandler(prometheus.NewRegistry())
 		a.createEndpoint()
 		synctest.Wait()
 
@@ -179,7 +179,7 @@ func TestControllersServesGlobalStatusAsJSON(t *testing.T) {
 		a.createEndpoint()
 		synctest.Wait()
 
-		rec := get(newHandler(a, prometheus.NewRegistry()), "/controllers")
+		rec := get(newHandler(prometheus.NewRegistry()), "/controllers?format=json")
 		require.Equal(t, http.StatusOK, rec.Code)
 		assert.Equal(t, "application/json", rec.Header().Get("Content-Type"))
 		var got controller.ControllerStatuses
@@ -220,7 +220,7 @@ func TestMetricsAreNamespacedLabelledAndLintClean(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 
-		rec := get(newHandler(a, reg), "/metrics")
+		rec := get(newHandler(reg), "/metrics")
 		require.Equal(t, http.StatusOK, rec.Code)
 		body := rec.Body.String()
 		for _, want := range []string{
@@ -268,7 +268,7 @@ func TestListenServesOverTCPAndStopsWithTheContext(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "ok\n", body)
 
-	code, body = fetch("/controllers")
+	code, body = fetch("/controllers?format=json")
 	assert.Equal(t, http.StatusOK, code)
 	var sts controller.ControllerStatuses
 	require.NoError(t, json.Unmarshal([]byte(body), &sts))

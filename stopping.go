@@ -1,0 +1,154 @@
+// stopping.go: controllers removed and still stopping: the view that lists
+// them, and the warning about those that take too long.
+
+package controller
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// defaultSlowStop is how long a removed controller may take to stop before
+// it is logged, unless WithSlowStopWarning says otherwise.
+const defaultSlowStop = time.Minute
+
+// stoppingController is a removed controller in Manager.stopping.
+type stoppingController struct {
+	c       *Controller
+	removed int64 // when it was removed, Unix nanoseconds
+	warned  bool  // logged as slow to stop; guarded by the Manager's mu
+}
+
+// WithSlowStopWarning makes the Manager log at Warn, once, each removed
+// controller whose DoFunc or StopFunc has not returned d after its removal,
+// naming the function and how long it has been. Default: 1 minute. d < 0
+// turns the warning off (and 0 keeps the default).
+func WithSlowStopWarning(d time.Duration) Option {
+	return func(m *Manager) { m.slowStop = d }
+}
+
+func (m *Manager) slowStopAfter() time.Duration {
+	if m.slowStop == 0 {
+		return defaultSlowStop
+	}
+	return max(m.slowStop, 0)
+}
+
+// watchStoppingLocked arms the Manager's watch timer after a removal,
+// unless it is armed already (then it fires for an earlier removal, and
+// re-arms itself for the later ones). One timer serves every removal of
+// the Manager: made on the first, reset after.
+func (m *Manager) watchStoppingLocked() {
+	after := m.slowStopAfter()
+	switch {
+	case after == 0 || m.watchArmed:
+		return
+	case m.watch == nil:
+		// The timer's goroutine is the Manager's: it runs warnSlowStops,
+		// which takes m.mu briefly and returns.
+		m.watch = time.AfterFunc(after, m.warnSlowStops)
+	default:
+		m.watch.Reset(after)
+	}
+	m.watchArmed = true
+}
+
+// warnSlowStops logs the removed controllers that have been stopping for
+// the Manager's threshold and were not logged yet, and re-arms the timer
+// for the next one to reach it.
+func (m *Manager) warnSlowStops() {
+	type slow struct {
+		c   *Controller
+		age time.Duration
+	}
+	after := m.slowStopAfter()
+	now := time.Now()
+	var due []slow
+	var next time.Duration
+	m.mu.Lock()
+	for i := range m.stopping {
+		s := &m.stopping[i]
+		if s.warned || s.c.done() {
+			continue
+		}
+		switch age := now.Sub(time.Unix(0, s.removed)); {
+		case age >= after:
+			s.warned = true
+			due = append(due, slow{s.c, age})
+		case next == 0 || after-age < next:
+			next = after - age
+		}
+	}
+	m.watchArmed = next > 0
+	if m.watchArmed {
+		m.watch.Reset(next)
+	}
+	m.mu.Unlock()
+	for _, s := range due {
+		s.c.logSlowStop(s.age)
+	}
+}
+
+// logSlowStop logs that c, removed d ago, has not terminated: its DoFunc
+// still runs, or its StopFunc does.
+func (c *Controller) logSlowStop(d time.Duration) {
+	fn := "StopFunc"
+	if c.runningSince() != 0 {
+		fn = "DoFunc"
+	}
+	c.log(&logLine{level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
+}
+
+// GetStoppingStatus returns the status of every controller removed from
+// the Manager whose DoFunc or StopFunc has not returned yet, sorted by
+// name, then UUID. Each has Status.RemovedTimestamp set; a set
+// Status.RunningSince says its DoFunc still runs (else its StopFunc does).
+// A controller stays here until it terminates, also after a
+// [Manager.Shutdown] whose deadline passed. [Manager.GetStatusModel] lists
+// the installed controllers only, as Cilium's does.
+func (m *Manager) GetStoppingStatus() ControllerStatuses {
+	m.mu.Lock()
+	ss := m.stillStoppingLocked(nil)
+	m.mu.Unlock()
+	return stoppingStatuses(ss)
+}
+
+// GetGlobalStoppingStatus is [Manager.GetStoppingStatus] for every Manager
+// in the process (but [FakeManager]s), as [GetGlobalStatus] is for the
+// installed controllers.
+func GetGlobalStoppingStatus() ControllerStatuses {
+	var ss []stoppingController
+	for _, m := range registry.snapshot() {
+		m.mu.Lock()
+		ss = m.stillStoppingLocked(ss)
+		m.mu.Unlock()
+	}
+	return stoppingStatuses(ss)
+}
+
+// stillStoppingLocked appends m's stopping controllers that have not
+// terminated to ss.
+func (m *Manager) stillStoppingLocked(ss []stoppingController) []stoppingController {
+	for _, s := range m.stopping {
+		if !s.c.done() {
+			ss = append(ss, s)
+		}
+	}
+	return ss
+}
+
+// stoppingStatuses returns the statuses of ss, sorted, with their removal
+// times.
+func stoppingStatuses(ss []stoppingController) ControllerStatuses {
+	slices.SortFunc(ss, func(a, b stoppingController) int { return compareController(a.c, b.c) })
+	cs := make([]*Controller, len(ss))
+	for i, s := range ss {
+		cs[i] = s.c
+	}
+	out := statusesOf(cs)
+	for i, s := range ss {
+		out[i].Status.RemovedTimestamp = statusTime(s.removed)
+	}
+	return out
+}

@@ -1,0 +1,141 @@
+// Tests of the stopping view and the warning about slow stops.
+
+package controller
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A removed controller whose DoFunc ignores its context leaves the
+// installed statuses at once but is listed as stopping, in its Manager and
+// globally, with its removal time and its running DoFunc; it is logged at
+// Warn once, a minute after its removal, naming the DoFunc; it leaves the
+// list, and its Manager the registry, when it terminates.
+func TestStoppingListsARemovedDoFuncThatIgnoresItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		never := make(chan struct{})
+		e.m.UpdateController("stuck", ControllerParams{DoFunc: func(context.Context) error { <-never; return nil }})
+		e.m.UpdateController("other", ControllerParams{DoFunc: NoopFunc})
+		synctest.Wait()
+		started := time.Now()
+		time.Sleep(time.Second)
+		removed := time.Now()
+		require.NoError(t, e.m.RemoveController("stuck"))
+
+		assert.Equal(t, []string{"other"}, statusNames(e.m.GetStatusModel()), "GetStatusModel keeps Cilium's meaning: installed controllers")
+		st := e.m.GetStoppingStatus()
+		require.Len(t, st, 1)
+		assert.Equal(t, "stuck", st[0].Name)
+		assert.Equal(t, removed.UTC(), st[0].Status.RemovedTimestamp)
+		assert.Equal(t, started.UTC(), st[0].Status.RunningSince, "its DoFunc still runs")
+		assert.Contains(t, statusNames(GetGlobalStoppingStatus()), "stuck")
+
+		time.Sleep(time.Minute - time.Nanosecond)
+		assert.Empty(t, e.logs(logrus.WarnLevel), "not before the threshold")
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, []string{"controller removed 1m0s ago is still stopping: its DoFunc has not returned"}, e.logs(logrus.WarnLevel))
+		time.Sleep(time.Hour)
+		assert.Len(t, e.logs(logrus.WarnLevel), 1, "once")
+
+		require.NoError(t, e.m.RemoveController("other"))
+		close(never)
+		synctest.Wait()
+		assert.Empty(t, e.m.GetStoppingStatus())
+		assert.NotContains(t, statusNames(GetGlobalStoppingStatus()), "stuck")
+		registry.mu.Lock()
+		_, registered := registry.managers[e.m]
+		registry.mu.Unlock()
+		assert.False(t, registered, "a Manager with nothing installed or stopping leaves the registry")
+	})
+}
+
+// A StopFunc that blocks past a Shutdown deadline: the Shutdown error names
+// it, and it stays listed as stopping (no DoFunc running) until it returns;
+// the warning follows the Manager's threshold, names the StopFunc, and can
+// be turned off.
+func TestStoppingListsAStopFuncPastAShutdownDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opt      Option
+		wantWarn []string
+	}{
+		{"threshold of 10s", WithSlowStopWarning(10 * time.Second), []string{"controller removed 10s ago is still stopping: its StopFunc has not returned"}},
+		{"warning off", WithSlowStopWarning(-1), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				tc.opt(e.m)
+				release := make(chan struct{})
+				e.m.UpdateController("slow", ControllerParams{DoFunc: NoopFunc, StopFunc: func(context.Context) error {
+					<-release // ignores its context
+					return nil
+				}})
+				synctest.Wait()
+				removed := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				assert.EqualError(t, e.m.Shutdown(ctx), "controller: shutdown: context deadline exceeded; still running: slow")
+
+				time.Sleep(time.Hour)
+				assert.Empty(t, e.m.GetStatusModel())
+				st := e.m.GetStoppingStatus()
+				require.Len(t, st, 1, "still listed an hour after the deadline")
+				assert.Equal(t, removed.UTC(), st[0].Status.RemovedTimestamp)
+				assert.Zero(t, st[0].Status.RunningSince, "no DoFunc runs: the StopFunc does")
+				assert.Equal(t, tc.wantWarn, e.logs(logrus.WarnLevel))
+
+				close(release)
+				require.NoError(t, e.m.Shutdown(context.Background()))
+				assert.Empty(t, e.m.GetStoppingStatus())
+			})
+		})
+	}
+}
+
+// One timer watches every removal of a Manager: removals a while apart are
+// each warned about at their own threshold, those that stopped in time
+// never.
+func TestSlowStopWarningsFollowEachRemoval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		hold := func(d time.Duration) ControllerFunc {
+			return func(context.Context) error { time.Sleep(d); return nil }
+		}
+		e.m.UpdateController("a", ControllerParams{DoFunc: NoopFunc, StopFunc: hold(2 * time.Minute)})
+		e.m.UpdateController("b", ControllerParams{DoFunc: NoopFunc, StopFunc: hold(30 * time.Second)})
+		e.m.UpdateController("c", ControllerParams{DoFunc: NoopFunc, StopFunc: hold(2 * time.Minute)})
+		synctest.Wait()
+		require.NoError(t, e.m.RemoveController("a"))
+		time.Sleep(20 * time.Second)
+		require.NoError(t, e.m.RemoveController("b"))
+		time.Sleep(20 * time.Second)
+		require.NoError(t, e.m.RemoveController("c"))
+
+		start := time.Now().Add(-40 * time.Second) // a's removal
+		for _, step := range []struct {
+			at   time.Duration // since a's removal
+			want int
+		}{
+			{59 * time.Second, 0},
+			{time.Minute, 1},       // a
+			{99 * time.Second, 1},  // b stopped at 50s
+			{100 * time.Second, 2}, // c, removed at 40s
+			{3 * time.Minute, 2},   // each once
+		} {
+			time.Sleep(time.Until(start.Add(step.at)))
+			synctest.Wait()
+			assert.Len(t, e.logs(logrus.WarnLevel), step.want, "at %v", step.at)
+		}
+		e.m.RemoveAllAndWait()
+	})
+}
