@@ -1,3 +1,6 @@
+// The allocation guards: a run allocates nothing, a controller's whole
+// life a handful.
+
 package controller
 
 import (

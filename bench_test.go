@@ -1,3 +1,5 @@
+// The benchmarks behind the README's Performance figures.
+
 package controller
 
 import (

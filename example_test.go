@@ -1,3 +1,5 @@
+// Runnable examples of the common paths, shown on pkg.go.dev.
+
 package controller_test
 
 import (

@@ -1,3 +1,5 @@
+// goleak checks that no test leaves a goroutine behind.
+
 package controller
 
 import (

@@ -1,3 +1,5 @@
+// The million-controller measurement, run on demand (CONTROLLER_SCALE).
+
 package controller
 
 import (
