@@ -251,7 +251,8 @@ func newPage(global bool, cs []*Controller, installed, stopping ControllerStatus
 		}
 		if failing {
 			p.Failing++
-		} else {
+		}
+		if !failing && !stuck { // as Health counts: a stuck run is not healthy either
 			p.Healthy++
 		}
 		if !failingOnly || r.rank < 2 {

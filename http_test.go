@@ -215,7 +215,7 @@ func TestStatusHandlerHTML(t *testing.T) {
 		assert.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
 		page := body(t, resp)
 		tables, summary := parsePage(t, page)
-		assert.Equal(t, "2/3 healthy, 1 failing, 1 stuck, 1 stopping, at 2000-01-01T00:00:59Z. Show only failing and stuck", summary)
+		assert.Equal(t, "1/3 healthy, 1 failing, 1 stuck, 1 stopping, at 2000-01-01T00:00:59Z. Show only failing and stuck", summary, "healthy as Health counts: neither failing nor stuck")
 		ctl := tables["controllers"]
 		require.NotNil(t, ctl)
 		assert.Equal(t, []string{"stuck", "failing", "ok"}, ctl.classes)
