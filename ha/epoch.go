@@ -97,7 +97,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	}
 	ep.ctx, ep.cancel = context.WithCancel(context.Background())
 	r.mu.Lock()
-	r.lease, r.fenceCtx = g.ID, f.ctx
+	r.lease, r.fence = g.ID, f
 	r.allDirty = true
 	r.mu.Unlock()
 	ep.wg.Add(1)
@@ -199,7 +199,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) error {
 	slots := r.slots
 	r.slots = make(map[string]*slot)
 	r.lease = 0
-	r.fenceCtx = ep.fence.ctx // done once the fence is stopped below
+	r.fence = ep.fence // done once the fence is stopped below
 	clear(r.members)
 	clear(r.claims)
 	r.memberIDs, r.leader, r.viewRev = nil, "", 0

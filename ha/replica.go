@@ -63,7 +63,7 @@ type Replica struct {
 	claims    map[string]claimView                   // claim keys in the view, by name
 	viewRev   int64                                  // the etcd revision the view is at
 	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
-	fenceCtx  context.Context                        // of the current epoch's fence; a done one between epochs
+	fence     *fence                                 // of the current epoch; a passed one between epochs
 	closed    bool                                   // Leave or Close was called
 }
 
@@ -314,9 +314,9 @@ func (r *Replica) installLocked(name string, s *slot, p controller.ControllerPar
 		ctx, s.cancel = context.WithCancelCause(withClaim(base, s.claim))
 		cancel := s.cancel
 		s.ctx = ctx
-		s.unhook = context.AfterFunc(r.fenceCtx, func() { cancel(ErrFencePassed) })
+		s.unhook = context.AfterFunc(r.fence.ctx, func() { cancel(ErrFencePassed) })
 	}
-	fenceCtx := r.fenceCtx
+	fenceCtx := r.fence.ctx
 	do, stop := p.DoFunc, p.StopFunc
 	p.Context = s.ctx
 	if do != nil {
