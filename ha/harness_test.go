@@ -255,6 +255,18 @@ func (c *cluster) leave(n *node) {
 	delete(c.nodes, n.id)
 }
 
+// startThree joins r0, r1 and r2, waits until the names are spread over
+// them, and returns the placement and how long it took.
+func (c *cluster) startThree() (map[string]string, time.Duration) {
+	c.t.Helper()
+	ids := []string{"r0", "r1", "r2"}
+	for _, id := range ids {
+		c.join(id)
+	}
+	want := c.expected(ids)
+	return want, c.waitPlacement(want, 10*time.Second)
+}
+
 // expected returns where rendezvous hashing puts each name over members.
 func (c *cluster) expected(members []string) map[string]string {
 	slices.Sort(members)

@@ -14,11 +14,7 @@ const scenarioNames = 90
 func TestThreeReplicasSplitEvenly(t *testing.T) {
 	c := newCluster(t, scenarioNames, testOptions())
 	ids := []string{"r0", "r1", "r2"}
-	for _, id := range ids {
-		c.join(id)
-	}
-	want := c.expected(ids)
-	took := c.waitPlacement(want, 10*time.Second)
+	want, took := c.startThree()
 	for _, id := range ids {
 		n := len(namesOn(want, id))
 		if n < scenarioNames/6 || n > scenarioNames/2 {
@@ -47,12 +43,7 @@ func TestThreeReplicasSplitEvenly(t *testing.T) {
 
 func TestCrashHandsOverWithinTTL(t *testing.T) {
 	c := newCluster(t, scenarioNames, testOptions())
-	ids := []string{"r0", "r1", "r2"}
-	for _, id := range ids {
-		c.join(id)
-	}
-	c.waitPlacement(c.expected(ids), 10*time.Second)
-	at := c.rec.now()
+	c.startThree()
 	c.crash(c.nodes["r0"])
 	limit := c.opts.TTL + 1500*time.Millisecond
 	took := c.waitPlacement(c.expected([]string{"r1", "r2"}), limit+5*time.Second)
@@ -60,18 +51,12 @@ func TestCrashHandsOverWithinTTL(t *testing.T) {
 	if took > limit {
 		t.Errorf("takeover took %v, more than TTL + 1.5s = %v", took, limit)
 	}
-	_ = at
 	c.rec.assertNoOverlap(t)
 }
 
 func TestPartitionedReplicaStopsBeforeOthersStart(t *testing.T) {
 	c := newCluster(t, scenarioNames, testOptions())
-	ids := []string{"r0", "r1", "r2"}
-	for _, id := range ids {
-		c.join(id)
-	}
-	all := c.expected(ids)
-	c.waitPlacement(all, 10*time.Second)
+	all, _ := c.startThree()
 	r0 := c.nodes["r0"]
 	moved := namesOn(all, "r0")
 
@@ -85,32 +70,24 @@ func TestPartitionedReplicaStopsBeforeOthersStart(t *testing.T) {
 		t.Errorf("r0 ran until %v, another replica started at %v", lastEnd, firstOther)
 	}
 
-	healAt := time.Now()
 	r0.proxy.heal()
 	back := c.waitPlacement(all, 10*time.Second)
 	t.Logf("heal: r0 runs its share again %v after healing", back)
 	if back > time.Second {
 		t.Errorf("r0 got its share back after %v, more than 1s", back)
 	}
-	_ = healAt
 	c.rec.assertNoOverlap(t)
 }
 
 func TestGracefulLeaveMovesNamesAtOnce(t *testing.T) {
 	c := newCluster(t, scenarioNames, testOptions())
-	ids := []string{"r0", "r1", "r2"}
-	for _, id := range ids {
-		c.join(id)
-	}
-	c.waitPlacement(c.expected(ids), 10*time.Second)
-	start := time.Now()
+	c.startThree()
 	go c.nodes["r0"].r.Leave(context.Background()) // joined by the c.leave below
 	took := c.waitPlacement(c.expected([]string{"r1", "r2"}), 5*time.Second)
 	t.Logf("leave: r0's names all run elsewhere %v after Leave was called", took)
 	if took > 200*time.Millisecond {
 		t.Errorf("a graceful leave moved the names in %v, more than 200ms", took)
 	}
-	_ = start
 	c.leave(c.nodes["r0"])
 	c.rec.assertNoOverlap(t)
 }
