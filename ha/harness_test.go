@@ -213,6 +213,24 @@ func newClient(t testing.TB, addr string) *clientv3.Client {
 // join starts a replica named id and registers every name on it.
 func (c *cluster) join(id string) *node {
 	c.t.Helper()
+	n := c.joinEmpty(id)
+	c.register(n)
+	return n
+}
+
+// register registers every name on n.
+func (c *cluster) register(n *node) {
+	c.t.Helper()
+	for _, name := range c.names {
+		if err := n.r.UpdateController(name, c.rec.params(n.id, name)); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// joinEmpty starts a replica named id with no names registered.
+func (c *cluster) joinEmpty(id string) *node {
+	c.t.Helper()
 	n := &node{id: id, proxy: newProxy(c.t, testEtcd)}
 	n.cli = newClient(c.t, n.proxy.addr())
 	opts := c.opts
@@ -224,11 +242,6 @@ func (c *cluster) join(id string) *node {
 		c.t.Fatalf("Join(%s): %v", id, err)
 	}
 	n.r = r
-	for _, name := range c.names {
-		if err := r.UpdateController(name, c.rec.params(id, name)); err != nil {
-			c.t.Fatal(err)
-		}
-	}
 	c.nodes[id] = n
 	return n
 }
