@@ -51,7 +51,11 @@ func TestRandomSchedule(t *testing.T) {
 	next := 3
 	end := time.Now().Add(*scheduleFor)
 	for time.Now().Before(end) {
-		switch op := rng.IntN(5); {
+		op := rng.IntN(5)
+		if len(c.nodes) < 2 {
+			op = 3 // keep two replicas or more, so the end has names to spread
+		}
+		switch {
 		case op == 0 && len(c.nodes) >= 2:
 			ns := live(everyone)
 			n := ns[rng.IntN(len(ns))]
