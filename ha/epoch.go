@@ -209,7 +209,15 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) error {
 	switch {
 	case req == nil:
 		r.log.WithError(context.Cause(ep.fence.ctx)).Warn("fence passed: stopping every controller here until etcd answers again")
-		r.inner.RemoveAllAndWait() // their contexts were cancelled by the fence
+		// The fence cancels the slots' contexts from goroutines of its
+		// own; cancel them here first, so that the removal's plain
+		// cancellation never comes first and hides the cause.
+		for _, s := range slots {
+			if s.cancel != nil {
+				s.cancel(ErrFencePassed)
+			}
+		}
+		r.inner.RemoveAllAndWait()
 	case req.leave:
 		err = r.inner.Shutdown(req.ctx)
 	default:

@@ -4,6 +4,7 @@ package ha
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -168,14 +169,16 @@ func testOptions() Options {
 func quietLogger() logrus.FieldLogger {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
-	if testing.Verbose() {
+	if *showLogs {
 		l.SetOutput(logWriter{})
 		l.SetLevel(logrus.InfoLevel)
 	}
 	return l
 }
 
-// logWriter sends the replicas' logs to stderr in -v runs.
+var showLogs = flag.Bool("ha.logs", false, "print the replicas' Info logs")
+
+// logWriter sends the replicas' logs to stderr with -ha.logs.
 type logWriter struct{}
 
 func (logWriter) Write(b []byte) (int, error) { return fmt.Fprint(stderr, string(b)) }
