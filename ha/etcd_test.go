@@ -28,6 +28,10 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if addr := os.Getenv(childEtcdEnv); addr != "" {
+		pausedChild(addr, os.Getenv(childPrefixEnv))
+		return
+	}
 	stop, err := startEtcd()
 	if err != nil {
 		etcdStartErr = err
