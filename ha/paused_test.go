@@ -5,6 +5,7 @@ package ha
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bgctl/controller"
+	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,8 +29,8 @@ const (
 
 // pausedChild joins as the oldest replica in Leader mode and runs "job",
 // whose DoFunc writes <prefix>/data guarded by its claim every 20ms and
-// prints each outcome; it checks its context only after each write, as
-// code that was frozen between a check and a write would.
+// prints each outcome. It never looks at its context: the model of code
+// that was frozen and goes on where it stopped.
 func pausedChild(addr, prefix string) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second})
 	if err != nil {
@@ -37,6 +39,8 @@ func pausedChild(addr, prefix string) {
 	}
 	opts := testOptions()
 	opts.Prefix, opts.ID, opts.Mode = prefix, "paused", Leader
+	logger := logrus.New() // to stderr, which the test shows when it fails
+	opts.Logger = logger
 	r, err := Join(context.Background(), cli, opts)
 	if err != nil {
 		fmt.Println("error", err)
@@ -54,12 +58,9 @@ func pausedChild(addr, prefix string) {
 			case err != nil:
 				fmt.Println("write error", err)
 			case resp.Succeeded:
-				fmt.Println("write ok")
+				fmt.Println("write ok at revision", resp.Header.Revision)
 			default:
 				fmt.Println("write refused")
-			}
-			if ctx.Err() != nil {
-				return nil
 			}
 		}
 	}})
@@ -70,6 +71,8 @@ func TestPausedProcessCannotWriteThroughItsOldClaim(t *testing.T) {
 	c := newCluster(t, 0, testOptions())
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), childEtcdEnv+"="+testEtcd, childPrefixEnv+"="+c.prefix)
+	var childLog bytes.Buffer // the child's logs; read after Wait
+	child.Stderr = &childLog
 	out, err := child.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -77,11 +80,18 @@ func TestPausedProcessCannotWriteThroughItsOldClaim(t *testing.T) {
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var seen []string // the child's lines, for the failure message
+	lines := make(chan string, 1024)
 	defer func() {
 		_ = child.Process.Kill()
 		_ = child.Wait()
+		if t.Failed() {
+			for l := range lines {
+				seen = append(seen, "(unread) "+l)
+			}
+			t.Logf("the child printed:\n%s\nand logged:\n%s", strings.Join(seen, "\n"), childLog.String())
+		}
 	}()
-	lines := make(chan string, 1024)
 	go func() { // ends when the child's stdout closes, after the Kill above
 		defer close(lines)
 		sc := bufio.NewScanner(out)
@@ -98,6 +108,7 @@ func TestPausedProcessCannotWriteThroughItsOldClaim(t *testing.T) {
 				if !ok {
 					t.Fatalf("the child ended before printing %q", prefix)
 				}
+				seen = append(seen, l)
 				if strings.HasPrefix(l, prefix) {
 					return l
 				}
@@ -116,13 +127,16 @@ func TestPausedProcessCannotWriteThroughItsOldClaim(t *testing.T) {
 	opts.Mode = Leader
 	c.opts = opts
 	b := c.joinEmpty("b")
-	bWrote := make(chan bool, 1)
+	bWrote := make(chan int64, 1) // the revision of b's claim; 0: the write failed
 	err = b.r.UpdateController("job", controller.ControllerParams{DoFunc: func(ctx context.Context) error {
 		claim, _ := ClaimFrom(ctx)
 		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp, err := b.cli.Txn(wctx).If(claim.Held()).Then(clientv3.OpPut(c.prefix+"/data", "from b")).Commit()
-		bWrote <- err == nil && resp.Succeeded
+		if err != nil || !resp.Succeeded {
+			claim.Revision = 0
+		}
+		bWrote <- claim.Revision
 		<-ctx.Done()
 		return nil
 	}})
@@ -135,26 +149,35 @@ func TestPausedProcessCannotWriteThroughItsOldClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
+	var bRev int64
 	select {
-	case ok := <-bWrote:
-		if !ok {
+	case bRev = <-bWrote:
+		if bRev == 0 {
 			t.Fatal("b's fenced write failed")
 		}
 	case <-time.After(c.opts.TTL + 5*time.Second):
 		t.Fatal("b never took the name over from the stopped child")
 	}
 	t.Logf("b took over %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
-	for len(lines) > 0 { // what the child printed before it stopped
-		<-lines
-	}
 	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	// The child's first write after waking comes before it notices that
-	// its fence passed: etcd must refuse it, and every later one.
-	l := expect("write", 10*time.Second)
-	if l != "write refused" {
-		t.Fatalf("the child's first write after SIGCONT: %q, want refused", l)
+	// The child goes on writing when it wakes: etcd must refuse it. Lines
+	// from before the stop may still be in the pipe, and a request sent
+	// just before it may be answered after: a write that went through did
+	// so at a revision before b's claim.
+	for {
+		l := expect("write", 10*time.Second)
+		if l == "write refused" {
+			break
+		}
+		var rev int64
+		if _, err := fmt.Sscanf(l, "write ok at revision %d", &rev); err != nil {
+			t.Fatalf("child: %q", l)
+		}
+		if rev >= bRev {
+			t.Fatalf("the child wrote at revision %d, after b claimed the name at %d", rev, bRev)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
