@@ -97,9 +97,9 @@
 //
 // # Choosing TTL and Margin
 //
-// The defaults are TTL 10s and Margin TTL/4. The keepalive is sent every
-// (TTL − Margin)/4 and each one times out after as long, so four may fail
-// in a row before the fence passes. A crashed replica's names move after
+// The defaults are TTL 10s and Margin TTL/4. A keepalive is sent every
+// (TTL − Margin)/4, one at a time, each waiting for its answer as long as
+// the fence has left, so a slow etcd still extends the fence. A crashed replica's names move after
 // about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
 // without an answer, and its names move after its lease expired. A short
 // TTL moves names sooner but stops replicas on shorter etcd hiccups.

@@ -106,18 +106,20 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	return ep, nil
 }
 
-// keepAlive renews the epoch's lease every keepAliveEvery, each request
-// bounded by the same time, and extends the fence to (send time) + TTL −
-// Margin on every answer. The send time is taken before the request, so
-// the fence never outlives the server's lease, which counts from the
-// request's arrival. It ends with the epoch or the fence; owned by the
+// keepAlive renews the epoch's lease every keepAliveEvery and extends the
+// fence to (send time) + TTL − Margin on every answer. The send time is
+// taken before the request, so the fence never outlives the server's
+// lease, which counts from the request's arrival. One request is in
+// flight at a time, and it may take as long as the fence has left: under
+// load a slow answer still extends the fence, where a shorter timeout
+// would throw it away. It ends with the epoch or the fence; owned by the
 // loop, joined through ep.wg.
 func (r *Replica) keepAlive(ep *epoch) {
 	defer ep.wg.Done()
 	every := r.opts.keepAliveEvery()
 	for {
 		sent := time.Now()
-		ctx, cancel := context.WithTimeout(ep.ctx, every)
+		ctx, cancel := context.WithTimeout(ep.ctx, max(ep.fence.remaining(), every))
 		resp, err := r.cli.KeepAliveOnce(ctx, ep.lease)
 		cancel()
 		switch {

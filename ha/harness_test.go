@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,7 +174,26 @@ func quietLogger() logrus.FieldLogger {
 		l.SetOutput(logWriter{})
 		l.SetLevel(logrus.InfoLevel)
 	}
+	l.AddHook(fencesPassed)
 	return l
+}
+
+// fencesPassed counts the "fence passed" warnings of every replica of the
+// test binary, for the measurements' reports.
+var fencesPassed = &warnCounter{prefix: "fence passed"}
+
+type warnCounter struct {
+	prefix string
+	n      atomic.Int64
+}
+
+func (w *warnCounter) Levels() []logrus.Level { return []logrus.Level{logrus.WarnLevel} }
+
+func (w *warnCounter) Fire(e *logrus.Entry) error {
+	if strings.HasPrefix(e.Message, w.prefix) {
+		w.n.Add(1)
+	}
+	return nil
 }
 
 var showLogs = flag.Bool("ha.logs", false, "print the replicas' Info logs")

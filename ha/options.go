@@ -71,8 +71,8 @@ type Options struct {
 	Margin time.Duration
 
 	// RequestTimeout bounds each etcd request of the replica but the
-	// keepalives (which are bounded by (TTL−Margin)/4, so that four fit
-	// in the time the fence grants). Zero: (TTL−Margin)/2.
+	// keepalives (sent every (TTL−Margin)/4, each waiting at most until
+	// the fence would pass). Zero: (TTL−Margin)/2.
 	RequestTimeout time.Duration
 
 	// Logger receives the replica's logs, with the field replica=<ID>,
@@ -142,7 +142,7 @@ func (o Options) normalize() (Options, error) {
 // window is how long an answered keepalive keeps the fence open.
 func (o *Options) window() time.Duration { return o.TTL - o.Margin }
 
-// keepAliveEvery is the period of the keepalives and the timeout of each.
+// keepAliveEvery is the period of the keepalives.
 func (o *Options) keepAliveEvery() time.Duration { return o.window() / 4 }
 
 func defaultID() string {

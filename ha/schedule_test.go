@@ -128,6 +128,6 @@ func TestScaleMeasurement(t *testing.T) {
 	moved := len(namesOn(want, "r0"))
 	c.crash(c.nodes["r0"])
 	took := c.waitPlacement(c.expected([]string{"r1", "r2"}), 5*time.Minute)
-	t.Logf("scale: r0 crashed; its %d names all ran elsewhere %v later (TTL %v)", moved, took, c.opts.TTL)
+	t.Logf("scale: r0 crashed; its %d names all ran elsewhere %v later (TTL %v); fences passed in all: %d", moved, took, c.opts.TTL, fencesPassed.n.Load())
 	c.rec.assertNoOverlap(t)
 }
