@@ -91,6 +91,9 @@
 //     it.
 //   - Expect to be stopped and started again on another replica at any
 //     time, as a controller that is removed and installed again.
+//   - Never call [Replica.Leave] or [Replica.Close], nor
+//     [Replica.RemoveControllerAndWait] on its own name: they wait for
+//     the DoFunc itself.
 //
 // StopFuncs run when a name leaves a replica; their context is cancelled
 // too when the fence passes, and they must return within Margin then.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
 
@@ -41,6 +42,15 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if code == 0 {
+		// Every replica joined its goroutines in Leave or Close; the
+		// etcd clients' goroutines end soon after their Close.
+		// The goroutine waiting for etcd to exit is joined by stop.
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/bgctl/controller/ha.startEtcdOnce.func1")); err != nil {
+			fmt.Fprintf(os.Stderr, "ha tests: goroutines left behind: %v\n", err)
+			code = 1
+		}
+	}
 	if stop != nil {
 		stop()
 	}
