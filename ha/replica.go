@@ -316,15 +316,21 @@ func (r *Replica) installLocked(name string, s *slot, p controller.ControllerPar
 		s.ctx = ctx
 		s.unhook = context.AfterFunc(r.fence.ctx, func() { cancel(ErrFencePassed) })
 	}
-	fenceCtx := r.fence.ctx
+	f := r.fence
+	fenceCtx := f.ctx
 	do, stop := p.DoFunc, p.StopFunc
 	p.Context = s.ctx
 	if do != nil {
 		p.DoFunc = func(ctx context.Context) error {
 			// A run the core starts with a context that is already
-			// cancelled (the fence passed) must not reach the service.
+			// cancelled must not reach the service; nor one that starts
+			// after the fence passed but before the fence's AfterFunc
+			// goroutine got to cancel the context.
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if !f.open() {
+				return ErrFencePassed
 			}
 			return do(ctx)
 		}

@@ -90,6 +90,10 @@ func TestRandomSchedule(t *testing.T) {
 	for _, n := range live(cut) {
 		n.proxy.heal()
 	}
+	for len(c.nodes) < 3 { // the final check spreads names over three or more
+		c.join(fmt.Sprintf("j%d", next))
+		next++
+	}
 	var ids []string
 	for id := range c.nodes {
 		ids = append(ids, id)
