@@ -127,7 +127,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 			ttl := min(time.Duration(resp.TTL)*time.Second, r.opts.TTL)
 			ep.fence.extend(sent.Add(ttl - r.opts.Margin))
 		case isLeaseNotFound(err):
-			ep.fence.expire(ErrLeaseLost)
+			ep.fence.expire(errLeaseLost)
 			return
 		}
 		t := time.NewTimer(time.Until(sent.Add(every)))

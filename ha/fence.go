@@ -15,9 +15,10 @@ import (
 // with it its claims, still live. Read it with context.Cause.
 var ErrFencePassed = errors.New("ha: fence passed: no keepalive answered in time, the claims may be lost")
 
-// ErrLeaseLost is the cause when etcd answered that the lease no longer
-// exists (it expired, or was revoked by someone else).
-var ErrLeaseLost = errors.New("ha: lease lost")
+// errLeaseLost is why a fence passes early: etcd answered that the lease
+// no longer exists (it expired, or someone revoked it). It is logged; the
+// controllers' contexts end with ErrFencePassed all the same.
+var errLeaseLost = errors.New("ha: lease lost: etcd no longer knows it")
 
 // fence is one lease's local deadline. Its context is cancelled once the
 // deadline passes, or at once by expire; after that it never reopens (a

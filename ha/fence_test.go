@@ -47,8 +47,8 @@ func TestFenceExpireHasACause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFence(time.Now().Add(time.Hour))
 		defer f.stop(ErrClosed)
-		f.expire(ErrLeaseLost)
-		if !errors.Is(context.Cause(f.ctx), ErrLeaseLost) || f.open() {
+		f.expire(errLeaseLost)
+		if !errors.Is(context.Cause(f.ctx), errLeaseLost) || f.open() {
 			t.Errorf("after expire: open %v, cause %v", f.open(), context.Cause(f.ctx))
 		}
 	})

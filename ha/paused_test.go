@@ -85,14 +85,14 @@ func TestPausedProcessCannotWriteThroughItsOldClaim(t *testing.T) {
 	defer func() {
 		_ = child.Process.Kill()
 		_ = child.Wait()
+		for l := range lines { // joins the reader: Wait closed the pipe
+			seen = append(seen, "(unread) "+l)
+		}
 		if t.Failed() {
-			for l := range lines {
-				seen = append(seen, "(unread) "+l)
-			}
 			t.Logf("the child printed:\n%s\nand logged:\n%s", strings.Join(seen, "\n"), childLog.String())
 		}
 	}()
-	go func() { // ends when the child's stdout closes, after the Kill above
+	go func() { // joined by the deferred drain of lines, once Wait closed the pipe
 		defer close(lines)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {

@@ -314,6 +314,8 @@ func (r *Replica) installLocked(name string, s *slot, p controller.ControllerPar
 		ctx, s.cancel = context.WithCancelCause(withClaim(base, s.claim))
 		cancel := s.cancel
 		s.ctx = ctx
+		// Its function runs once, on a goroutine of the context
+		// package's, when the fence passes; unhook stops it before.
 		s.unhook = context.AfterFunc(r.fence.ctx, func() { cancel(ErrFencePassed) })
 	}
 	f := r.fence
