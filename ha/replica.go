@@ -50,9 +50,18 @@ type Replica struct {
 	stopErr  error // written by the loop before it closes done
 
 	mu sync.Mutex
-	// Guarded by mu. regs and closed are written by the API methods; the
-	// rest by the loop goroutine (the API methods read them, and mark
-	// names dirty).
+	// Guarded by mu; who writes what:
+	//
+	//	regs, closed                            the API methods
+	//	slots                                   the loop; UpdateController rebinds a running slot's context
+	//	dirty, allDirty                         the loop, and the API methods to mark names
+	//	members, claims, viewRev, lease, fence  the loop
+	//	memberIDs, leader                       whoever computes an owner (caches of members)
+	//
+	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
+	// a controller is installed in the inner Manager, always under mu,
+	// only while its slot is running; a removed controller that has not
+	// terminated yet keeps its slot in releasing, and with it the claim.
 	regs      map[string]controller.ControllerParams // registered names
 	slots     map[string]*slot                       // names claimed here, or being claimed
 	dirty     map[string]struct{}                    // names to reconcile
