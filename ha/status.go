@@ -37,7 +37,9 @@ type NameStatus struct {
 	// Owner is the member that should run it, by the Mode; "" with no
 	// members.
 	Owner string `json:"owner"`
-	// Holder is the member whose claim key exists for it; "" when none.
+	// Holder is the member whose claim key exists for it (this replica as
+	// soon as it created the claim, others once the watch shows it); ""
+	// when none.
 	Holder string `json:"holder,omitempty"`
 	// State is "acquiring", "running" or "releasing" on this replica, or
 	// "" when this replica neither holds nor wants it.
@@ -66,7 +68,9 @@ func (r *Replica) Status() Status {
 		if s := r.slots[name]; s != nil {
 			ns.State = s.state.String()
 			if s.state != acquiring {
-				ns.Revision = s.claim.Revision
+				// Known from the claim's creation, before the watch
+				// brings the key into the view.
+				ns.Holder, ns.Revision = r.opts.ID, s.claim.Revision
 			}
 		}
 		st.Names = append(st.Names, ns)
