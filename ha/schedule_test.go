@@ -21,7 +21,7 @@ var (
 
 // The schedule picks each operation and pause from the seed, so a seed
 // replays the same sequence of operations (their timing against etcd
-// varies, as it would in production).
+// varies, as it would in production). The log names the seed.
 func TestRandomSchedule(t *testing.T) {
 	seed := *scheduleSeed
 	if seed == 0 {
@@ -49,8 +49,9 @@ func TestRandomSchedule(t *testing.T) {
 	cut := func(n *node) bool { return partitioned[n.id] }
 	ops := map[string]int{}
 	next := 3
-	end := time.Now().Add(*scheduleFor)
-	for time.Now().Before(end) {
+	// The pauses alone add up to the schedule's duration, so the number of
+	// steps depends on the seed only; the operations take more time on top.
+	for paused := time.Duration(0); paused < *scheduleFor; {
 		op := rng.IntN(5)
 		if len(c.nodes) < 2 {
 			op = 3 // keep two replicas or more, so the end has names to spread
@@ -85,7 +86,9 @@ func TestRandomSchedule(t *testing.T) {
 		default:
 			ops["pause"]++
 		}
-		time.Sleep(time.Duration(100+rng.IntN(1400)) * time.Millisecond)
+		pause := time.Duration(100+rng.IntN(1400)) * time.Millisecond
+		time.Sleep(pause)
+		paused += pause
 	}
 	for _, n := range live(cut) {
 		n.proxy.heal()
@@ -99,7 +102,7 @@ func TestRandomSchedule(t *testing.T) {
 		ids = append(ids, id)
 	}
 	took := c.waitPlacement(c.expected(ids), c.opts.TTL+10*time.Second)
-	t.Logf("schedule of %v: %v; converged on %v %v after the last heal", *scheduleFor, ops, ids, took)
+	t.Logf("schedule of %v (seed %d): %v; converged on %v %v after the last heal", *scheduleFor, seed, ops, ids, took)
 	c.rec.assertNoOverlap(t)
 }
 
