@@ -1,0 +1,157 @@
+// Tests of the Replica API: bad options, bad calls, and the Manager-like
+// methods against etcd.
+package ha
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bgctl/controller"
+)
+
+func TestBadOptionsAreNamed(t *testing.T) {
+	for _, tc := range []struct {
+		opts Options
+		want string // in the error
+	}{
+		{Options{}, "Prefix must not be empty"},
+		{Options{Prefix: "/"}, "Prefix must not be empty"},
+		{Options{Prefix: "p", TTL: 500 * time.Millisecond}, "TTL must be at least 1s, got 500ms"},
+		{Options{Prefix: "p", TTL: 1500 * time.Millisecond}, "TTL must be whole seconds"},
+		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: 2 * time.Second}, "Margin must be less than TTL"},
+		{Options{Prefix: "p", Margin: -time.Second}, "Margin must be > 0"},
+		{Options{Prefix: "p", ID: "a/b"}, `ID must not contain "/", got "a/b"`},
+		{Options{Prefix: "p", Mode: 7}, "Mode must be Spread or Leader, got Mode(7)"},
+		{Options{Prefix: "p", RequestTimeout: -1}, "RequestTimeout must not be negative"},
+	} {
+		_, err := tc.opts.normalize()
+		if !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want one with %q wrapping ErrInvalidOptions", tc.opts, err, tc.want)
+		}
+	}
+	if _, err := Join(context.Background(), nil, Options{Prefix: "p"}); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "client must not be nil") {
+		t.Errorf("Join with a nil client: %v", err)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	o, err := Options{Prefix: "svc/"}.normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Prefix != "svc" || o.TTL != 10*time.Second || o.Margin != 2500*time.Millisecond ||
+		o.RequestTimeout != 3750*time.Millisecond || o.ID == "" || o.keepAliveEvery() != 1875*time.Millisecond {
+		t.Errorf("defaults: %+v", o)
+	}
+}
+
+func TestDuplicateIDIsRefused(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	c.join("same")
+	opts := c.opts
+	opts.Prefix, opts.ID = c.prefix, "same"
+	cli := newClient(t, testEtcd)
+	defer cli.Close()
+	if _, err := Join(context.Background(), cli, opts); !errors.Is(err, ErrDuplicateID) {
+		t.Fatalf("second Join with the same ID: %v, want ErrDuplicateID", err)
+	}
+}
+
+func TestReplicaMirrorsTheManager(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.join("solo")
+	r := n.r
+	if err := r.UpdateController("", controller.ControllerParams{DoFunc: controller.NoopFunc}); err == nil {
+		t.Error("an empty name was accepted")
+	}
+	if err := r.RemoveController("nope"); !errors.Is(err, controller.ErrControllerNotFound) {
+		t.Errorf("RemoveController of an unknown name: %v", err)
+	}
+	if r.TriggerController("nope") {
+		t.Error("TriggerController of an unknown name reported a trigger")
+	}
+
+	var runs, stops atomic.Int64
+	var claim atomic.Value
+	params := controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			cl, ok := ClaimFrom(ctx)
+			if !ok {
+				t.Error("no claim in DoFunc's context")
+			}
+			claim.Store(cl)
+			runs.Add(1)
+			return nil
+		},
+		StopFunc: func(ctx context.Context) error { stops.Add(1); return nil },
+	}
+	if err := r.UpdateController("job", params); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first run", func() bool { return runs.Load() == 1 })
+	st := r.Status()
+	if len(st.Names) != 1 || st.Names[0].State != "running" || st.Names[0].Holder != "solo" || st.Names[0].Owner != "solo" {
+		t.Fatalf("status: %+v", st)
+	}
+	cl := claim.Load().(Claim)
+	if st.Names[0].Revision != cl.Revision || cl.Key != c.prefix+"/claims/job" {
+		t.Errorf("status revision %d, DoFunc's claim %+v", st.Names[0].Revision, cl)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got, err := n.cli.Get(ctx, cl.Key)
+	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].CreateRevision != cl.Revision || string(got.Kvs[0].Value) != "solo" {
+		t.Fatalf("claim key in etcd: %v (err %v)", got.Kvs, err)
+	}
+	if !r.TriggerController("job") {
+		t.Error("TriggerController of a running name reported none")
+	}
+	waitFor(t, "the triggered run", func() bool { return runs.Load() == 2 })
+	if err := r.UpdateController("job", params); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the run after the update", func() bool { return runs.Load() == 3 })
+	if ms := r.GetStatusModel(); len(ms) != 1 || ms[0].Name != "job" || ms[0].Status.SuccessCount != 3 {
+		t.Errorf("GetStatusModel: %+v", ms)
+	}
+
+	if err := r.RemoveControllerAndWait("job"); err != nil {
+		t.Fatal(err)
+	}
+	if stops.Load() != 1 {
+		t.Errorf("StopFunc ran %d times, want 1", stops.Load())
+	}
+	if got, err := n.cli.Get(ctx, cl.Key); err != nil || len(got.Kvs) != 0 {
+		t.Errorf("claim key after RemoveControllerAndWait: %v (err %v)", got.Kvs, err)
+	}
+	if len(r.GetStatusModel()) != 0 {
+		t.Error("the controller is still installed")
+	}
+
+	if err := r.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.UpdateController("job", params); !errors.Is(err, ErrClosed) {
+		t.Errorf("UpdateController after Leave: %v", err)
+	}
+	if got, err := n.cli.Get(ctx, c.prefix+"/members/solo"); err != nil || len(got.Kvs) != 0 {
+		t.Errorf("member key after Leave: %v (err %v)", got.Kvs, err)
+	}
+	delete(c.nodes, n.id)
+	n.cli.Close()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

@@ -1,0 +1,127 @@
+// Package ha spreads the controllers of a service over its replicas with
+// etcd, so that each named controller runs on exactly one live replica,
+// moves when replicas come and go, and never runs on two replicas at
+// once.
+//
+// # When to use it
+//
+// A service that embeds [github.com/bgctl/controller] and runs two or
+// three replicas for availability would otherwise run every controller on
+// every replica. With this package each replica [Join]s a group under an
+// etcd key prefix and registers all its controllers, exactly as it would
+// with a [controller.Manager]; each name then runs on one replica. In
+// [Spread] mode the names are spread over the live replicas by rendezvous
+// hashing, so a replica that joins or leaves moves only its share; in
+// [Leader] mode the oldest replica runs everything and the others wait.
+//
+// # The model
+//
+// A replica holds one etcd lease at a time. Under it live its member key,
+// <Prefix>/members/<ID>, and one claim key, <Prefix>/claims/<name>, for
+// every name it runs. Every replica watches the prefix, and so knows the
+// live members and the claims. For each registered name a replica works
+// out the owner from the members (the [Mode]); then:
+//
+//   - if it is the owner and no claim exists, it creates the claim in a
+//     transaction that succeeds only if the key is absent, and only when
+//     that succeeds does it install the controller;
+//   - if it runs the name and is no longer the owner (a member joined, the
+//     name was removed), it removes the controller, waits until it has
+//     terminated, StopFunc included, and only then deletes the claim;
+//   - if the claim exists under another lease, it waits for the key to go:
+//     deleted by the holder after its controller terminated, or by etcd
+//     when the holder's lease expired.
+//
+// [Replica.Leave] stops every controller, waits for them, then revokes the
+// lease, which deletes the member key and every claim at once: the other
+// replicas take the names over within a few etcd round trips. A replica
+// that crashes keeps its claims until its lease expires on the server:
+// up to TTL after its last keepalive arrived, plus the server's expiry
+// sweep (half a second).
+//
+// # Why no name runs on two replicas at once
+//
+// The claims, not the views, decide. Views of the membership differ for a
+// moment between replicas; at worst a name then runs nowhere for that
+// moment. The rules that keep it from running twice:
+//
+//  1. A replica installs a controller only after it created the name's
+//     claim under its own lease, and only while its fence is open (rule 3).
+//     The claim is created only if absent, so at most one lease holds it.
+//  2. A replica deletes a claim only after the controller it guards has
+//     terminated, StopFunc included, and guarded by the claim's create
+//     revision, so it never deletes a newer holding.
+//  3. The fence. Each replica keeps a local deadline, extended only by
+//     answered keepalives, to (the time the answered request was sent) +
+//     TTL − Margin. The server counts the lease from when it received
+//     that request, which is later than its send time, so the lease
+//     cannot expire on the server before the fence passed plus Margin.
+//     When the fence passes, the replica cancels the context of every
+//     DoFunc and StopFunc (cause [ErrFencePassed]) and runs nothing until
+//     it holds a new lease.
+//  4. A DoFunc or StopFunc returns within Margin once its context is
+//     cancelled (the contract below). With rule 3, it has returned before
+//     the lease, and so the claim, can expire, and before another replica
+//     can create the claim anew.
+//
+// Margin must also cover how far the replica's clock may run slower than
+// the server's over one TTL; the replica measures with its monotonic
+// clock. etcd counts TTLs in whole seconds and raises a TTL below 1.5 ×
+// its election timeout; the fence always counts with the TTL asked for,
+// the shorter, and Join logs a warning when the server changed it.
+//
+// Rules 1 to 4 hold for crashes and partitions. They cannot hold for a
+// process that is frozen (SIGSTOP, a long pause) in the middle of a DoFunc
+// and wakes after its claim moved: no local deadline stops code that is
+// not running. For writes that must never come from a former holder, a
+// DoFunc reads its claim with [ClaimFrom] and makes the write in an etcd
+// transaction guarded by [Claim.Held]; etcd refuses it once the claim has
+// been deleted or created anew.
+//
+// # What a DoFunc must do
+//
+// Everything the controller package asks (see its documentation), and:
+//
+//   - Return within Margin once its context is done, and pass the context
+//     to everything it blocks on. A DoFunc that goes on past that may
+//     overlap with the next holder's.
+//   - Fence the writes that must not overlap: take the [Claim] from the
+//     context with [ClaimFrom] and guard the write with [Claim.Held] in an
+//     etcd transaction, or carry the revision to a store that can compare
+//     it.
+//   - Expect to be stopped and started again on another replica at any
+//     time, as a controller that is removed and installed again.
+//   - Never call [Replica.Leave] or [Replica.Close], nor
+//     [Replica.RemoveControllerAndWait] on its own name: they wait for
+//     the DoFunc itself.
+//
+// StopFuncs run when a name leaves a replica; their context is cancelled
+// too when the fence passes, and they must return within Margin then.
+//
+// # Choosing TTL and Margin
+//
+// The defaults are TTL 10s and Margin TTL/4. A keepalive is sent every
+// (TTL − Margin)/4, one at a time, each waiting for its answer as long as
+// the fence has left, so a slow etcd still extends the fence. A crashed replica's names move after
+// about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
+// without an answer, and its names move after its lease expired. A short
+// TTL moves names sooner but stops replicas on shorter etcd hiccups.
+//
+// # Traps this package avoids
+//
+// concurrency.Session of the etcd client is not used as a fence: its Done
+// channel counts from the last answer received and is checked once a
+// second, so it can close after another replica has started the names.
+// Leases are granted and kept alive with a timeout on every request
+// (Grant and KeepAliveOnce otherwise wait, and retry, as long as their
+// context lets them), and revoked with a context of their own.
+//
+// # Goroutines
+//
+// [Join] starts the replica's loop goroutine, which owns all others: the
+// keepalive goroutine of the current lease and the workers that create and
+// delete claims, joined when that lease's epoch ends. [Replica.Leave] and
+// [Replica.Close] join the loop. The controllers' goroutines belong to the
+// replica's inner [controller.Manager], which removes and waits for them
+// whenever a name leaves the replica.
+package ha

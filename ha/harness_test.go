@@ -1,0 +1,349 @@
+// Test helpers: a recorder of every DoFunc run across replicas, and a
+// cluster of replicas that each reach etcd through their own proxy.
+package ha
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bgctl/controller"
+	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// interval is one DoFunc run: from its start to its return.
+type interval struct {
+	replica    string
+	start, end time.Duration // since the recorder's base; end < 0 while running
+}
+
+// recorder watches every name's DoFuncs across all replicas of a test. Its
+// DoFuncs run until their context ends, so a name "runs" on a replica for
+// as long as the replica holds it.
+type recorder struct {
+	base time.Time
+
+	mu        sync.Mutex
+	active    map[string]int        // guarded by mu; DoFuncs of the name running now
+	where     map[string]string     // guarded by mu; the replica running the name
+	runs      map[string][]interval // guarded by mu; every run, by name
+	overlaps  int                   // guarded by mu; DoFunc starts that found another running
+	maxActive int                   // guarded by mu
+}
+
+func newRecorder() *recorder {
+	return &recorder{base: time.Now(), active: map[string]int{}, where: map[string]string{}, runs: map[string][]interval{}}
+}
+
+func (rec *recorder) now() time.Duration { return time.Since(rec.base) }
+
+// params returns the ControllerParams replica registers name with.
+func (rec *recorder) params(replica, name string) controller.ControllerParams {
+	return controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			i := rec.begin(replica, name)
+			<-ctx.Done()
+			rec.finish(name, i)
+			return nil
+		},
+		RunInterval:            5 * time.Millisecond,
+		ErrorRetryBaseDuration: 10 * time.Millisecond,
+	}
+}
+
+func (rec *recorder) begin(replica, name string) int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	rec.active[name]++
+	if rec.active[name] > 1 {
+		rec.overlaps++
+	}
+	rec.maxActive = max(rec.maxActive, rec.active[name])
+	rec.where[name] = replica
+	rec.runs[name] = append(rec.runs[name], interval{replica: replica, start: rec.now(), end: -1})
+	return len(rec.runs[name]) - 1
+}
+
+func (rec *recorder) finish(name string, i int) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	rec.active[name]--
+	if rec.active[name] == 0 {
+		delete(rec.where, name)
+	}
+	rec.runs[name][i].end = rec.now()
+}
+
+// placement returns where each name runs now.
+func (rec *recorder) placement() map[string]string {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	m := make(map[string]string, len(rec.where))
+	for k, v := range rec.where {
+		m[k] = v
+	}
+	return m
+}
+
+// assertNoOverlap checks both ways that no name ever ran on two replicas
+// at once: the count of DoFuncs running at once, and the recorded
+// intervals, sorted by start, each ending before the next starts.
+func (rec *recorder) assertNoOverlap(t testing.TB) {
+	t.Helper()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.overlaps != 0 || rec.maxActive > 1 {
+		t.Errorf("%d DoFunc starts found the name running already (at most %d at once)", rec.overlaps, rec.maxActive)
+	}
+	bad, total := 0, 0
+	for name, runs := range rec.runs {
+		runs = slices.Clone(runs)
+		sort.Slice(runs, func(i, j int) bool { return runs[i].start < runs[j].start })
+		total += len(runs)
+		for i := 1; i < len(runs); i++ {
+			prev, cur := runs[i-1], runs[i]
+			if prev.end < 0 || prev.end > cur.start {
+				bad++
+				if bad <= 5 {
+					t.Errorf("%s: run on %s [%v, %v] overlaps run on %s from %v", name, prev.replica, prev.start, prev.end, cur.replica, cur.start)
+				}
+			}
+		}
+	}
+	t.Logf("overlap: %d concurrent starts, %d overlapping intervals, in %d runs of %d names", rec.overlaps, bad, total, len(rec.runs))
+}
+
+// lastEnd returns when replica's last run of any of names ended, and
+// firstStartElsewhere when the first run of them on another replica
+// started after since.
+func (rec *recorder) handover(replica string, names []string, since time.Duration) (lastEnd, firstOther time.Duration) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	firstOther = -1
+	for _, name := range names {
+		for _, run := range rec.runs[name] {
+			if run.replica == replica && run.end > lastEnd {
+				lastEnd = run.end
+			}
+			if run.replica != replica && run.start >= since && (firstOther < 0 || run.start < firstOther) {
+				firstOther = run.start
+			}
+		}
+	}
+	return lastEnd, firstOther
+}
+
+// node is one replica of a test cluster with its client and proxy.
+type node struct {
+	id    string
+	proxy *proxy
+	cli   *clientv3.Client
+	r     *Replica
+}
+
+// cluster is the replicas of one test, sharing a prefix and a recorder.
+type cluster struct {
+	t      testing.TB
+	prefix string
+	opts   Options
+	names  []string
+	rec    *recorder
+	nodes  map[string]*node // live ones, by ID
+}
+
+// testOptions are short enough for quick tests and long enough for -race
+// on two cores: a fence window of 1.5s, keepalives every 375ms.
+func testOptions() Options {
+	return Options{TTL: 2 * time.Second, Margin: 500 * time.Millisecond, Logger: quietLogger()}
+}
+
+func quietLogger() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	if *showLogs {
+		l.SetOutput(logWriter{})
+		l.SetLevel(logrus.InfoLevel)
+	}
+	l.AddHook(fencesPassed)
+	return l
+}
+
+// fencesPassed counts the "fence passed" warnings of every replica of the
+// test binary, for the measurements' reports.
+var fencesPassed = &warnCounter{prefix: "fence passed"}
+
+type warnCounter struct {
+	prefix string
+	n      atomic.Int64
+}
+
+func (w *warnCounter) Levels() []logrus.Level { return []logrus.Level{logrus.WarnLevel} }
+
+func (w *warnCounter) Fire(e *logrus.Entry) error {
+	if strings.HasPrefix(e.Message, w.prefix) {
+		w.n.Add(1)
+	}
+	return nil
+}
+
+var showLogs = flag.Bool("ha.logs", false, "print the replicas' Info logs")
+
+// logWriter sends the replicas' logs to stderr with -ha.logs.
+type logWriter struct{}
+
+func (logWriter) Write(b []byte) (int, error) { return fmt.Fprint(stderr, string(b)) }
+
+func newCluster(t testing.TB, names int, opts Options) *cluster {
+	t.Helper()
+	needEtcd(t)
+	c := &cluster{
+		t:      t,
+		prefix: fmt.Sprintf("/test/%s/%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()),
+		opts:   opts,
+		rec:    newRecorder(),
+		nodes:  map[string]*node{},
+	}
+	for i := range names {
+		c.names = append(c.names, fmt.Sprintf("name-%04d", i))
+	}
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			c.crash(n)
+		}
+	})
+	return c
+}
+
+func newClient(t testing.TB, addr string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli
+}
+
+// join starts a replica named id and registers every name on it.
+func (c *cluster) join(id string) *node {
+	c.t.Helper()
+	n := c.joinEmpty(id)
+	c.register(n)
+	return n
+}
+
+// register registers every name on n.
+func (c *cluster) register(n *node) {
+	c.t.Helper()
+	for _, name := range c.names {
+		if err := n.r.UpdateController(name, c.rec.params(n.id, name)); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+// joinEmpty starts a replica named id with no names registered.
+func (c *cluster) joinEmpty(id string) *node {
+	c.t.Helper()
+	n := &node{id: id, proxy: newProxy(c.t, testEtcd)}
+	n.cli = newClient(c.t, n.proxy.addr())
+	opts := c.opts
+	opts.Prefix, opts.ID = c.prefix, id
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := Join(ctx, n.cli, opts)
+	if err != nil {
+		c.t.Fatalf("Join(%s): %v", id, err)
+	}
+	n.r = r
+	c.nodes[id] = n
+	return n
+}
+
+// crash closes the node's client without revoking its lease, then stops
+// the replica without telling etcd anything.
+func (c *cluster) crash(n *node) {
+	n.cli.Close()
+	if err := n.r.Close(); err != nil {
+		c.t.Errorf("Close(%s): %v", n.id, err)
+	}
+	n.proxy.close()
+	delete(c.nodes, n.id)
+}
+
+func (c *cluster) leave(n *node) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.r.Leave(ctx); err != nil {
+		c.t.Errorf("Leave(%s): %v", n.id, err)
+	}
+	n.cli.Close()
+	n.proxy.close()
+	delete(c.nodes, n.id)
+}
+
+// startThree joins r0, r1 and r2, waits until the names are spread over
+// them, and returns the placement and how long it took.
+func (c *cluster) startThree() (map[string]string, time.Duration) {
+	c.t.Helper()
+	ids := []string{"r0", "r1", "r2"}
+	for _, id := range ids {
+		c.join(id)
+	}
+	want := c.expected(ids)
+	return want, c.waitPlacement(want, 10*time.Second)
+}
+
+// expected returns where rendezvous hashing puts each name over members.
+func (c *cluster) expected(members []string) map[string]string {
+	slices.Sort(members)
+	m := make(map[string]string, len(c.names))
+	for _, name := range c.names {
+		m[name] = spreadOwner(name, members)
+	}
+	return m
+}
+
+// waitPlacement waits until every name runs exactly where want says, and
+// returns how long that took; it fails the test after limit.
+func (c *cluster) waitPlacement(want map[string]string, limit time.Duration) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	for {
+		got := c.rec.placement()
+		diff := 0
+		for name, w := range want {
+			if got[name] != w {
+				diff++
+			}
+		}
+		if diff == 0 {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			c.t.Fatalf("after %v, %d of %d names do not run where expected", limit, diff, len(want))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// namesOn returns the names want puts on replica.
+func namesOn(want map[string]string, replica string) []string {
+	var names []string
+	for name, r := range want {
+		if r == replica {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}

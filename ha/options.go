@@ -1,0 +1,154 @@
+// Options for Join, their defaults, and the checks that reject bad ones.
+package ha
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/bgctl/controller"
+	"github.com/sirupsen/logrus"
+)
+
+// Mode chooses how a [Replica] decides which live member runs a name.
+type Mode uint8
+
+const (
+	// Spread runs each name on the live member that rendezvous hashing
+	// picks for it: every member scores every name, the highest score
+	// wins. A member that joins or leaves moves only the names it wins or
+	// won, about 1/n of them with n members.
+	Spread Mode = iota
+	// Leader runs every name on one member, the oldest live one (the one
+	// whose member key has the lowest create revision). Joins do not move
+	// anything; when the leader leaves, the next oldest takes everything.
+	Leader
+)
+
+// String returns "spread" or "leader".
+func (m Mode) String() string {
+	switch m {
+	case Spread:
+		return "spread"
+	case Leader:
+		return "leader"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// Options configures a [Replica]. Every replica of a service must use the
+// same Prefix and Mode; TTL and Margin may differ between replicas. The
+// zero value of each field but Prefix is a valid choice, described on the
+// field.
+type Options struct {
+	// Prefix is the etcd key prefix the replicas of one service share.
+	// Members live under Prefix+"/members/", claims under
+	// Prefix+"/claims/". Required. A trailing "/" is dropped.
+	Prefix string
+
+	// ID names this replica among the members. It must be unique among the
+	// live replicas and must not contain "/". Zero: the host name and
+	// eight random hex digits.
+	ID string
+
+	// Mode is how names are spread over the members. Zero: [Spread].
+	Mode Mode
+
+	// TTL is the lease TTL, in whole seconds (etcd's unit), at least 1s.
+	// A replica that crashes keeps its names for up to TTL (plus the
+	// server's half-second expiry sweep) before other replicas take them
+	// over. Zero: 10s.
+	TTL time.Duration
+
+	// Margin is how long before the lease could expire on the server the
+	// replica stops on its own when etcd does not answer: its fence
+	// passes at (send time of the last answered keepalive) + TTL − Margin.
+	// DoFuncs and StopFuncs must return within Margin once cancelled, and
+	// Margin must also cover the drift between the replica's clock and
+	// the server's over one TTL. It must be > 0 and < TTL. Zero: TTL/4.
+	Margin time.Duration
+
+	// RequestTimeout bounds each etcd request of the replica but the
+	// keepalives (sent every (TTL−Margin)/4, each waiting at most until
+	// the fence would pass). Zero: (TTL−Margin)/2.
+	RequestTimeout time.Duration
+
+	// Logger receives the replica's logs, with the field replica=<ID>,
+	// and its controllers' logs. Nil: logrus.StandardLogger().
+	Logger logrus.FieldLogger
+
+	// ManagerOptions configure the replica's inner [controller.Manager]
+	// (for instance [controller.WithMetrics]); Logger is applied first, so
+	// a [controller.WithLogger] here overrides it for the controllers.
+	ManagerOptions []controller.Option
+}
+
+// ErrInvalidOptions is wrapped by the error [Join] returns for bad Options;
+// check for it with errors.Is.
+var ErrInvalidOptions = errors.New("ha: invalid options")
+
+// defaultTTL is the lease TTL when Options.TTL is 0.
+const defaultTTL = 10 * time.Second
+
+// normalize returns o with its defaults filled in, or an error naming every
+// bad field and wrapping ErrInvalidOptions.
+func (o Options) normalize() (Options, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	o.Prefix = strings.TrimSuffix(o.Prefix, "/")
+	if o.Prefix == "" {
+		bad("Prefix must not be empty")
+	}
+	if o.ID == "" {
+		o.ID = defaultID()
+	}
+	if strings.Contains(o.ID, "/") {
+		bad("ID must not contain \"/\", got %q", o.ID)
+	}
+	if o.Mode != Spread && o.Mode != Leader {
+		bad("Mode must be Spread or Leader, got %v", o.Mode)
+	}
+	if o.TTL == 0 {
+		o.TTL = defaultTTL
+	}
+	switch {
+	case o.TTL < time.Second:
+		bad("TTL must be at least 1s, got %v", o.TTL)
+	case o.TTL%time.Second != 0:
+		bad("TTL must be whole seconds (etcd leases count in seconds), got %v", o.TTL)
+	}
+	if o.Margin == 0 {
+		o.Margin = o.TTL / 4
+	}
+	switch {
+	case o.Margin < 0:
+		bad("Margin must be > 0, got %v", o.Margin)
+	case o.Margin >= o.TTL:
+		bad("Margin must be less than TTL, got Margin %v with TTL %v", o.Margin, o.TTL)
+	}
+	if o.RequestTimeout < 0 {
+		bad("RequestTimeout must not be negative, got %v", o.RequestTimeout)
+	}
+	if o.RequestTimeout == 0 && o.Margin > 0 && o.Margin < o.TTL {
+		o.RequestTimeout = o.window() / 2
+	}
+	return o, errors.Join(errs...)
+}
+
+// window is how long an answered keepalive keeps the fence open.
+func (o *Options) window() time.Duration { return o.TTL - o.Margin }
+
+// keepAliveEvery is the period of the keepalives.
+func (o *Options) keepAliveEvery() time.Duration { return o.window() / 4 }
+
+func defaultID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "replica"
+	}
+	return strings.ReplaceAll(host, "/", "_") + "-" + randomHex(4)
+}

@@ -1,0 +1,339 @@
+// The loop's work within an epoch: keep the view of members and claims up
+// to date from a watch, and bring each name to where the view says it runs.
+package ha
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// retryAfter is the pause before a failed list, watch or claim request is
+// tried again.
+const retryAfter = 100 * time.Millisecond
+
+// resultKind says what a worker did.
+type resultKind uint8
+
+const (
+	acquired resultKind = iota // the claim is ours (ok) or held by another
+	released                   // the controller terminated and the claim is deleted
+)
+
+// result is a worker's report to the loop.
+type result struct {
+	kind resultKind
+	name string
+	ok   bool       // acquired: the claim is ours
+	rev  int64      // acquired and ok: the claim's create revision
+	view *claimView // acquired and not ok: the claim found, at header revision hdr
+	hdr  int64
+	err  error
+}
+
+// serve runs one epoch until its fence passes (it returns nil) or a stop
+// request comes (it returns the request).
+func (r *Replica) serve(ep *epoch) *stopRequest {
+	for {
+		if ep.watch == nil && ep.retry == nil {
+			if err := r.relist(ep); err != nil {
+				r.log.WithError(err).Debug("listing members and claims")
+				r.retryLater(ep)
+			}
+		}
+		r.reconcile(ep)
+		var retry <-chan time.Time
+		if ep.retry != nil {
+			retry = ep.retry.C
+		}
+		select {
+		case <-ep.fence.ctx.Done():
+			return nil
+		case req := <-r.stopReq:
+			return &req
+		case wr, ok := <-ep.watch:
+			if !ok || wr.Err() != nil {
+				ep.watchCancel()
+				ep.watch = nil
+				r.retryLater(ep)
+				continue
+			}
+			r.apply(wr)
+		case <-r.wake:
+		case res := <-ep.results:
+			r.handle(ep, res)
+		case <-retry:
+			ep.retry = nil
+			r.mu.Lock()
+			for _, name := range ep.retryNames {
+				r.dirty[name] = struct{}{}
+			}
+			ep.retryNames = ep.retryNames[:0]
+			r.mu.Unlock()
+		}
+	}
+}
+
+// retryLater arms the retry timer unless it is armed.
+func (r *Replica) retryLater(ep *epoch, names ...string) {
+	ep.retryNames = append(ep.retryNames, names...)
+	if ep.retry == nil {
+		ep.retry = time.NewTimer(retryAfter)
+	}
+}
+
+// relist reads every member and claim key, replaces the view with them,
+// and starts a watch from the next revision.
+func (r *Replica) relist(ep *epoch) error {
+	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	resp, err := r.cli.Get(ctx, r.keys.all, clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	clear(r.members)
+	clear(r.claims)
+	r.memberIDs, r.leader = nil, ""
+	for _, kv := range resp.Kvs {
+		r.putLocked(kv)
+	}
+	r.viewRev = resp.Header.Revision
+	r.allDirty = true
+	r.mu.Unlock()
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ep.ctx))
+	ep.watch = r.cli.Watch(wctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	ep.watchCancel = wcancel
+	return nil
+}
+
+// apply brings a watch response's events into the view.
+func (r *Replica) apply(wr clientv3.WatchResponse) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range wr.Events {
+		if ev.Type == mvccpb.PUT {
+			r.putLocked(ev.Kv)
+			continue
+		}
+		key := string(ev.Kv.Key)
+		if id, ok := strings.CutPrefix(key, r.keys.members); ok {
+			if _, had := r.members[id]; had {
+				delete(r.members, id)
+				r.membershipChangedLocked()
+			}
+		} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
+			delete(r.claims, name)
+			r.dirty[name] = struct{}{}
+		}
+	}
+	r.viewRev = max(r.viewRev, wr.Header.Revision)
+}
+
+func (r *Replica) putLocked(kv *mvccpb.KeyValue) {
+	key := string(kv.Key)
+	if id, ok := strings.CutPrefix(key, r.keys.members); ok {
+		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
+			r.members[id] = kv.CreateRevision
+			r.membershipChangedLocked()
+		}
+	} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
+		r.claims[name] = claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		r.dirty[name] = struct{}{}
+	}
+}
+
+func (r *Replica) membershipChangedLocked() {
+	r.memberIDs, r.leader = nil, ""
+	r.allDirty = true
+}
+
+// reconcile steps every dirty name.
+func (r *Replica) reconcile(ep *epoch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.allDirty {
+		r.allDirty = false
+		clear(r.dirty)
+		for name := range r.regs {
+			r.stepLocked(ep, name)
+		}
+		for name := range r.slots {
+			if _, ok := r.regs[name]; !ok {
+				r.stepLocked(ep, name)
+			}
+		}
+		return
+	}
+	for name := range r.dirty {
+		delete(r.dirty, name)
+		r.stepLocked(ep, name)
+	}
+}
+
+// stepLocked starts what name needs: a claim request when the name is
+// ours and free, a release when it runs here but is no longer ours.
+// Names in acquiring or releasing wait for their worker.
+func (r *Replica) stepLocked(ep *epoch, name string) {
+	_, registered := r.regs[name]
+	ours := registered && r.ownerLocked(name) == r.opts.ID
+	s := r.slots[name]
+	switch {
+	case s == nil && ours:
+		if c, held := r.claims[name]; held && c.lease != ep.lease {
+			return // held elsewhere: wait until its key is deleted
+		}
+		s = &slot{state: acquiring, done: make(chan struct{})}
+		r.slots[name] = s
+		ep.wg.Add(1)
+		go r.acquire(ep, name) // owned by the loop; joined by endEpoch through ep.wg
+	case s != nil && s.state == running:
+		c, held := r.claims[name]
+		lost := r.viewRev >= s.claim.Revision && (!held || c.rev != s.claim.Revision)
+		if lost {
+			r.log.WithField("name", name).Warn("claim deleted under a running controller: stopping it")
+		}
+		if !ours || lost {
+			r.releaseLocked(ep, name, s, true)
+		}
+	}
+}
+
+// acquire creates name's claim key under the epoch's lease if it is
+// absent, and reports to the loop. A key already under this lease (an
+// answer lost to a timeout) is ours as well.
+func (r *Replica) acquire(ep *epoch, name string) {
+	defer ep.wg.Done()
+	res := result{kind: acquired, name: name}
+	key := r.keys.claims + name
+	select {
+	case ep.sem <- struct{}{}:
+	case <-ep.ctx.Done():
+		return
+	}
+	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(ep.lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	cancel()
+	<-ep.sem
+	switch {
+	case err != nil:
+		res.err = err
+	case resp.Succeeded:
+		res.ok, res.rev = true, resp.Header.Revision
+	default:
+		res.hdr = resp.Header.Revision
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			kv := kvs[0]
+			if clientv3.LeaseID(kv.Lease) == ep.lease {
+				res.ok, res.rev = true, kv.CreateRevision
+			} else {
+				res.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+			}
+		}
+	}
+	r.report(ep, res)
+}
+
+func (r *Replica) report(ep *epoch, res result) {
+	select {
+	case ep.results <- res:
+	case <-ep.ctx.Done():
+	}
+}
+
+// releaseLocked moves s to releasing: it removes name's controller (when
+// installed), and a worker waits until it has terminated, StopFunc
+// included, and only then deletes the claim.
+func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, installed bool) {
+	s.state = releasing
+	var terminated chan struct{}
+	if installed {
+		terminated = r.inner.TerminationChannel(name) // before the removal, which forgets the name
+		_ = r.inner.RemoveController(name)
+	}
+	ep.wg.Add(1)
+	go r.release(ep, name, s.claim, terminated) // owned by the loop; joined by endEpoch through ep.wg
+}
+
+// release waits for the controller to terminate, then deletes the claim,
+// guarded by its revision so that a claim someone else holds by now is
+// left alone; it retries until the delete is answered or the epoch ends.
+func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struct{}) {
+	defer ep.wg.Done()
+	if terminated != nil {
+		<-terminated
+	}
+	res := result{kind: released, name: name}
+	for {
+		select {
+		case ep.sem <- struct{}{}:
+		case <-ep.ctx.Done():
+			return
+		}
+		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+		_, err := r.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
+		cancel()
+		<-ep.sem
+		if err == nil {
+			break
+		}
+		t := time.NewTimer(retryAfter)
+		select {
+		case <-ep.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	r.report(ep, res)
+}
+
+// handle applies a worker's report.
+func (r *Replica) handle(ep *epoch, res result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.slots[res.name]
+	if s == nil {
+		return
+	}
+	log := r.log.WithField("name", res.name)
+	switch res.kind {
+	case released:
+		delete(r.slots, res.name)
+		s.end()
+		log.Info("released: stopped here, claim deleted")
+		r.dirty[res.name] = struct{}{}
+	case acquired:
+		switch {
+		case res.err != nil:
+			delete(r.slots, res.name)
+			s.end()
+			log.WithError(res.err).Debug("claiming")
+			r.retryLater(ep, res.name)
+		case !res.ok:
+			delete(r.slots, res.name)
+			s.end()
+			if res.view != nil && res.hdr > r.viewRev {
+				// The view has not seen this key yet; wait for its deletion.
+				r.claims[res.name] = *res.view
+			}
+			r.dirty[res.name] = struct{}{}
+		default:
+			s.claim = Claim{Key: r.keys.claims + res.name, Revision: res.rev}
+			p, registered := r.regs[res.name]
+			if registered && r.ownerLocked(res.name) == r.opts.ID && ep.fence.open() {
+				s.state = running
+				r.installLocked(res.name, s, p)
+				log.WithField("revision", res.rev).Info("claimed: running here")
+			} else {
+				r.releaseLocked(ep, res.name, s, false)
+			}
+		}
+	}
+}

@@ -1,0 +1,361 @@
+// Replica: one member of a service's replicas, and the API that mirrors
+// controller.Manager.
+package ha
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/bgctl/controller"
+	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrClosed is returned by the methods of a [Replica] that has left or
+// been closed.
+var ErrClosed = errors.New("ha: replica closed")
+
+// ErrDuplicateID is returned by [Join] when another live replica uses the
+// same ID under the same prefix.
+var ErrDuplicateID = errors.New("ha: another live replica has this ID")
+
+// Replica is one member of the replicas of a service. The service
+// registers every controller on every replica, with the same
+// [controller.ControllerParams] it would give a [controller.Manager]; each
+// name runs on one live replica at a time, the one the [Mode] picks, and
+// moves when members come and go. See the package documentation for the
+// model and the safety argument.
+//
+// [Join] makes a Replica and starts its goroutines; [Replica.Leave] or
+// [Replica.Close] stops them and joins them. Every method is safe for
+// concurrent use.
+type Replica struct {
+	// Immutable after Join.
+	cli   *clientv3.Client
+	opts  Options
+	keys  keys
+	log   *logrus.Entry
+	inner *controller.Manager
+
+	// wake (capacity 1) tells the loop that registrations changed; stopReq
+	// (capacity 1) carries the one stop request, sent once under stopOnce;
+	// the loop closes done as it ends, after setting stopErr.
+	wake     chan struct{}
+	stopReq  chan stopRequest
+	stopOnce sync.Once
+	done     chan struct{}
+	stopErr  error // written by the loop before it closes done
+
+	mu sync.Mutex
+	// Guarded by mu; who writes what:
+	//
+	//	regs, closed                            the API methods
+	//	slots                                   the loop; UpdateController rebinds a running slot's context
+	//	dirty, allDirty                         the loop, and the API methods to mark names
+	//	members, claims, viewRev, lease, fence  the loop
+	//	memberIDs, leader                       whoever computes an owner (caches of members)
+	//
+	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
+	// a controller is installed in the inner Manager, always under mu,
+	// only while its slot is running; a removed controller that has not
+	// terminated yet keeps its slot in releasing, and with it the claim.
+	regs      map[string]controller.ControllerParams // registered names
+	slots     map[string]*slot                       // names claimed here, or being claimed
+	dirty     map[string]struct{}                    // names to reconcile
+	allDirty  bool                                   // reconcile every name
+	members   map[string]int64                       // live member IDs, with their key's create revision
+	memberIDs []string                               // sorted keys of members; nil: to rebuild
+	leader    string                                 // oldest member; "": to recompute
+	claims    map[string]claimView                   // claim keys in the view, by name
+	viewRev   int64                                  // the etcd revision the view is at
+	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
+	fence     *fence                                 // of the current epoch; a passed one between epochs
+	closed    bool                                   // Leave or Close was called
+}
+
+// keys are the etcd keys and prefixes of one Options.Prefix.
+type keys struct {
+	all, members, claims string
+}
+
+func keysOf(prefix string) keys {
+	return keys{all: prefix + "/", members: prefix + "/members/", claims: prefix + "/claims/"}
+}
+
+// claimView is what the view knows of a claim key.
+type claimView struct {
+	holder string // the key's value: the holder's ID
+	lease  clientv3.LeaseID
+	rev    int64 // create revision
+}
+
+// slotState is where a name claimed by this replica stands. The
+// transitions, all made by the loop under Replica.mu:
+//
+//	(none) ──acquire sent──▶ acquiring ──claim created, fence open──▶ running
+//	acquiring ──claim held by another, or the request failed──▶ (none)
+//	acquiring ──claim created, but the name is no longer ours──▶ releasing
+//	running ──the name moved, was removed, or its claim was lost──▶ releasing
+//	releasing ──controller terminated, claim deleted──▶ (none)
+//	any ──end of the epoch (fence passed, Leave, Close)──▶ (none)
+//
+// A controller is installed in the inner Manager only in state running.
+type slotState uint8
+
+const (
+	acquiring slotState = iota
+	running
+	releasing
+)
+
+func (s slotState) String() string {
+	return [...]string{"acquiring", "running", "releasing"}[s]
+}
+
+// slot is a name this replica holds or is acquiring. Guarded by
+// Replica.mu.
+type slot struct {
+	state   slotState
+	claim   Claim           // set on leaving acquiring
+	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
+	userCtx context.Context // the registration's Context ctx was made from
+	cancel  context.CancelCauseFunc
+	unhook  func() bool   // stops the fence from cancelling ctx
+	done    chan struct{} // closed when the slot ends
+}
+
+// end releases the slot's context and wakes those waiting for it.
+func (s *slot) end() {
+	s.unbind()
+	close(s.done)
+}
+
+func (s *slot) unbind() {
+	if s.cancel != nil {
+		s.unhook()
+		s.cancel(context.Canceled)
+		s.ctx, s.cancel, s.unhook = nil, nil, nil
+	}
+}
+
+type stopRequest struct {
+	ctx   context.Context
+	leave bool // true: Leave, false: Close
+}
+
+// Join makes this process a member of the replicas sharing opts.Prefix: it
+// grants a lease of opts.TTL, writes its member key under it, and starts
+// the replica's goroutines (the loop, which owns the keepalive goroutine
+// and the request workers). ctx bounds only the first grant and write. The
+// client must outlive the Replica; closing it without Leave is how a crash
+// looks to the others.
+func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("%w: the etcd client must not be nil", ErrInvalidOptions)
+	}
+	opts, err := opts.normalize()
+	if err != nil {
+		return nil, err
+	}
+	var log *logrus.Entry
+	if opts.Logger != nil {
+		log = opts.Logger.WithField("replica", opts.ID)
+	} else {
+		log = logrus.StandardLogger().WithField("replica", opts.ID)
+	}
+	r := &Replica{
+		cli:     cli,
+		opts:    opts,
+		keys:    keysOf(opts.Prefix),
+		log:     log,
+		inner:   controller.NewManager(append([]controller.Option{controller.WithLogger(log)}, opts.ManagerOptions...)...),
+		wake:    make(chan struct{}, 1),
+		stopReq: make(chan stopRequest, 1),
+		done:    make(chan struct{}),
+		regs:    make(map[string]controller.ControllerParams),
+		slots:   make(map[string]*slot),
+		dirty:   make(map[string]struct{}),
+		members: make(map[string]int64),
+		claims:  make(map[string]claimView),
+	}
+	ep, err := r.startEpoch(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	go r.run(ep) // joined by Leave and Close, through r.done
+	return r, nil
+}
+
+// ID returns the replica's member ID.
+func (r *Replica) ID() string { return r.opts.ID }
+
+// UpdateController registers a controller under name, or updates the
+// registration, on this replica. The controller runs here only while this
+// replica holds the name's claim; then the update reaches it at once, as
+// [controller.Manager.UpdateController] would. The service registers the
+// same names on every replica.
+//
+// DoFunc's context carries the [Claim] ([ClaimFrom]) and is cancelled,
+// with cause [ErrFencePassed], when the replica's fence passes; so is
+// StopFunc's. It returns [ErrClosed] after Leave or Close, and an error for
+// an empty name.
+func (r *Replica) UpdateController(name string, params controller.ControllerParams) error {
+	if name == "" {
+		return errors.New("ha: UpdateController: empty controller name")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("%w: UpdateController(%q)", ErrClosed, name)
+	}
+	r.regs[name] = params
+	if s := r.slots[name]; s != nil && s.state == running {
+		r.installLocked(name, s, params)
+	}
+	r.markDirtyLocked(name)
+	return nil
+}
+
+// TriggerController makes the named controller run DoFunc at once if it
+// runs on this replica, as [controller.Manager.TriggerController] does. It
+// returns false when the name does not run here.
+func (r *Replica) TriggerController(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.slots[name]; s != nil && s.state == running {
+		return r.inner.TriggerController(name)
+	}
+	return false
+}
+
+// RemoveController unregisters name on this replica. If it runs here, it
+// is removed and, once it has stopped (StopFunc included), its claim is
+// deleted; without waiting for that. Unregister a name on every replica,
+// or another replica that still has it registered takes it over. The
+// error wraps [controller.ErrControllerNotFound] for a name not
+// registered.
+func (r *Replica) RemoveController(name string) error {
+	_, err := r.unregister(name)
+	return err
+}
+
+// RemoveControllerAndWait is [Replica.RemoveController], then waits until
+// the name no longer runs on this replica and its claim is released, or
+// the replica has closed.
+func (r *Replica) RemoveControllerAndWait(name string) error {
+	s, err := r.unregister(name)
+	if err == nil && s != nil {
+		select {
+		case <-s.done:
+		case <-r.done:
+		}
+	}
+	return err
+}
+
+func (r *Replica) unregister(name string) (*slot, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.regs[name]; !ok {
+		return nil, fmt.Errorf("ha: %w: %q", controller.ErrControllerNotFound, name)
+	}
+	delete(r.regs, name)
+	r.markDirtyLocked(name)
+	return r.slots[name], nil
+}
+
+// GetStatusModel returns the status of the controllers running on this
+// replica, sorted by name, as [controller.Manager.GetStatusModel] does.
+// [Replica.Status] tells which replica runs the others.
+func (r *Replica) GetStatusModel() controller.ControllerStatuses {
+	return r.inner.GetStatusModel()
+}
+
+// markDirtyLocked asks the loop to reconcile name.
+func (r *Replica) markDirtyLocked(name string) {
+	r.dirty[name] = struct{}{}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// ownerLocked returns the member that should run name in the current
+// view, "" when there is none.
+func (r *Replica) ownerLocked(name string) string {
+	if len(r.members) == 0 {
+		return ""
+	}
+	if r.opts.Mode == Leader {
+		if r.leader == "" {
+			r.leader = oldestMember(r.members)
+		}
+		return r.leader
+	}
+	if r.memberIDs == nil {
+		r.memberIDs = make([]string, 0, len(r.members))
+		for id := range r.members {
+			r.memberIDs = append(r.memberIDs, id)
+		}
+		slices.Sort(r.memberIDs)
+	}
+	return spreadOwner(name, r.memberIDs)
+}
+
+// installLocked installs or updates name's controller in the inner
+// Manager, wrapped so that it runs under the slot's claim and fence.
+func (r *Replica) installLocked(name string, s *slot, p controller.ControllerParams) {
+	var old func()
+	if s.ctx == nil || p.Context != s.userCtx {
+		if s.cancel != nil {
+			prevCancel, prevUnhook := s.cancel, s.unhook
+			old = func() { prevUnhook(); prevCancel(context.Canceled) }
+		}
+		base := p.Context
+		if base == nil {
+			base = context.Background()
+		}
+		s.userCtx = p.Context
+		var ctx context.Context
+		ctx, s.cancel = context.WithCancelCause(withClaim(base, s.claim))
+		cancel := s.cancel
+		s.ctx = ctx
+		// Its function runs once, on a goroutine of the context
+		// package's, when the fence passes; unhook stops it before.
+		s.unhook = context.AfterFunc(r.fence.ctx, func() { cancel(ErrFencePassed) })
+	}
+	f := r.fence
+	fenceCtx := f.ctx
+	do, stop := p.DoFunc, p.StopFunc
+	p.Context = s.ctx
+	if do != nil {
+		p.DoFunc = func(ctx context.Context) error {
+			// A run the core starts with a context that is already
+			// cancelled must not reach the service; nor one that starts
+			// after the fence passed but before the fence's AfterFunc
+			// goroutine got to cancel the context.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if !f.open() {
+				return ErrFencePassed
+			}
+			return do(ctx)
+		}
+	}
+	if stop != nil {
+		p.StopFunc = func(ctx context.Context) error {
+			ctx, cancel := context.WithCancelCause(ctx)
+			defer cancel(context.Canceled)
+			defer context.AfterFunc(fenceCtx, func() { cancel(ErrFencePassed) })()
+			return stop(ctx)
+		}
+	}
+	r.inner.UpdateController(name, p)
+	if old != nil {
+		old()
+	}
+}

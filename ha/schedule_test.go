@@ -1,0 +1,140 @@
+// A seeded random schedule of crashes, partitions, heals, joins and
+// leaves, and the scale measurement.
+package ha
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	scheduleFor  = flag.Duration("ha.schedule", 8*time.Second, "how long TestRandomSchedule runs its schedule (CI: 60s)")
+	scheduleSeed = flag.Uint64("ha.seed", 0, "the seed of TestRandomSchedule; 0: from the clock. The log names it.")
+	scaleNames   = flag.Int("ha.scale", 0, "run TestScaleMeasurement with this many names (the README's figures: 10000)")
+)
+
+// The schedule picks each operation and pause from the seed, so a seed
+// replays the same sequence of operations (their timing against etcd
+// varies, as it would in production). The log names the seed.
+func TestRandomSchedule(t *testing.T) {
+	seed := *scheduleSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay: go test -race -run TestRandomSchedule -ha.seed=%d -ha.schedule=%v)", seed, seed, *scheduleFor)
+	rng := rand.New(rand.NewPCG(seed, 0x4841))
+	c := newCluster(t, 60, testOptions())
+	for _, id := range []string{"r0", "r1", "r2"} {
+		c.join(id)
+	}
+	partitioned := map[string]bool{}
+	live := func(pred func(*node) bool) []*node {
+		var ns []*node
+		for _, n := range c.nodes {
+			if pred(n) {
+				ns = append(ns, n)
+			}
+		}
+		slices.SortFunc(ns, func(a, b *node) int { return strings.Compare(a.id, b.id) })
+		return ns
+	}
+	everyone := func(*node) bool { return true }
+	reachable := func(n *node) bool { return !partitioned[n.id] }
+	cut := func(n *node) bool { return partitioned[n.id] }
+	ops := map[string]int{}
+	next := 3
+	// The pauses alone add up to the schedule's duration, so the number of
+	// steps depends on the seed only; the operations take more time on top.
+	for paused := time.Duration(0); paused < *scheduleFor; {
+		op := rng.IntN(5)
+		if len(c.nodes) < 2 {
+			op = 3 // keep two replicas or more, so the end has names to spread
+		}
+		switch {
+		case op == 0 && len(c.nodes) >= 2:
+			ns := live(everyone)
+			n := ns[rng.IntN(len(ns))]
+			delete(partitioned, n.id)
+			c.crash(n)
+			ops["crash"]++
+		case op == 1 && len(live(reachable)) >= 2:
+			ns := live(reachable)
+			n := ns[rng.IntN(len(ns))]
+			n.proxy.cut()
+			partitioned[n.id] = true
+			ops["partition"]++
+		case op == 2 && len(live(cut)) > 0:
+			ns := live(cut)
+			n := ns[rng.IntN(len(ns))]
+			n.proxy.heal()
+			delete(partitioned, n.id)
+			ops["heal"]++
+		case op == 3 && len(c.nodes) < 4:
+			c.join(fmt.Sprintf("j%d", next))
+			next++
+			ops["join"]++
+		case op == 4 && len(live(reachable)) >= 2:
+			ns := live(reachable)
+			c.leave(ns[rng.IntN(len(ns))])
+			ops["leave"]++
+		default:
+			ops["pause"]++
+		}
+		pause := time.Duration(100+rng.IntN(1400)) * time.Millisecond
+		time.Sleep(pause)
+		paused += pause
+	}
+	for _, n := range live(cut) {
+		n.proxy.heal()
+	}
+	for len(c.nodes) < 3 { // the final check spreads names over three or more
+		c.join(fmt.Sprintf("j%d", next))
+		next++
+	}
+	var ids []string
+	for id := range c.nodes {
+		ids = append(ids, id)
+	}
+	took := c.waitPlacement(c.expected(ids), c.opts.TTL+10*time.Second)
+	t.Logf("schedule of %v (seed %d): %v; converged on %v %v after the last heal", *scheduleFor, seed, ops, ids, took)
+	c.rec.assertNoOverlap(t)
+}
+
+// TestScaleMeasurement measures, for -ha.scale names over three replicas,
+// the time to converge after every replica registered every name, and the
+// time until a crashed replica's names all run elsewhere. It reports; it
+// asserts only that nothing overlapped.
+func TestScaleMeasurement(t *testing.T) {
+	if *scaleNames == 0 {
+		t.Skip("a measurement: run with -ha.scale=10000")
+	}
+	c := newCluster(t, *scaleNames, testOptions())
+	ids := []string{"r0", "r1", "r2"}
+	var nodes []*node
+	for _, id := range ids {
+		nodes = append(nodes, c.joinEmpty(id))
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.register(n) }() // joined below
+	}
+	wg.Wait()
+	want := c.expected(ids)
+	c.waitPlacement(want, 5*time.Minute)
+	converge := time.Since(start)
+	t.Logf("scale: %d names over 3 replicas converged in %v (r0 %d, r1 %d, r2 %d names)",
+		len(c.names), converge, len(namesOn(want, "r0")), len(namesOn(want, "r1")), len(namesOn(want, "r2")))
+	moved := len(namesOn(want, "r0"))
+	c.crash(c.nodes["r0"])
+	took := c.waitPlacement(c.expected([]string{"r1", "r2"}), 5*time.Minute)
+	t.Logf("scale: r0 crashed; its %d names all ran elsewhere %v later (TTL %v); fences passed in all: %d", moved, took, c.opts.TTL, fencesPassed.n.Load())
+	c.rec.assertNoOverlap(t)
+}
