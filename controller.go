@@ -36,13 +36,16 @@ type Controller struct {
 	// the struct, for a future 4-byte field.
 	state atomic.Uint32           // the st* bits; see the table below
 	logs  atomic.Pointer[logSink] // the Manager's sink with the name and uuid added, built on first use
-	// runStart is when the running DoFunc started (Unix nanoseconds; 0:
-	// none runs). An exception to the grouping: the loop publishes it
-	// with atomic.StoreInt64 as the run starts (the lock-free claim of a
-	// timed run has no lock to put it under) and clears it with a plain
-	// store under mu, which spares each run a second atomic store; so
-	// every reader holds mu and loads it atomically (runningSinceLocked).
-	// It follows 32 bytes on 32-bit platforms too: 64-bit aligned.
+	// runStart is when the running DoFunc started, Unix nanoseconds; it
+	// means something only while stRunning is set (runningSinceLocked).
+	// An exception to the grouping: it is guarded by mu, and set by the
+	// loop in begin as a run starts, and in scheduleLocked, as it arms the
+	// timer, to the moment the timer is due. So a timed run, which the loop
+	// claims without the lock, finds its start set already, and a run costs
+	// no store to publish it; the start it shows is when the run was due,
+	// earlier than when DoFunc was called by the scheduler's latency. It
+	// sits here, after 32 bytes, to be 64-bit aligned on 32-bit platforms
+	// too.
 	runStart int64
 
 	// Immutable after construction.
@@ -214,7 +217,12 @@ func (c *Controller) GetLastSuccessTimestamp() time.Time {
 
 // runningSinceLocked returns when the running DoFunc started, Unix
 // nanoseconds; 0 when none runs. The caller holds mu.
-func (c *Controller) runningSinceLocked() int64 { return atomic.LoadInt64(&c.runStart) }
+func (c *Controller) runningSinceLocked() int64 {
+	if c.state.Load()&stRunning == 0 {
+		return 0
+	}
+	return c.runStart
+}
 
 // runningSince is runningSinceLocked for a caller without mu.
 func (c *Controller) runningSince() int64 {

@@ -5,8 +5,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 )
 
@@ -24,12 +24,13 @@ import (
 //     error is the same string, and run counts go to the metrics' own
 //     collector. TestRunLoopDoesNotAllocate; a controller's whole life,
 //     TestControllerLifeAllocations.
-//   - A run publishes its start (Controller.runStart, for the status, Health
-//     and the longest-running gauge) with one atomic store and clears it
-//     with a plain store under the lock afterRun takes anyway; readers
-//     take the lock. Nothing else about a run in flight is recorded, and
+//   - A run's start (Controller.runStart, for the status, Health and the
+//     longest-running gauge) costs the run no store of its own: the loop
+//     sets it under the lock it holds anyway, in begin, or in
+//     scheduleLocked to when the timer is due, and stRunning says whether
+//     it is current. Nothing else about a run in flight is recorded, and
 //     the gauges that need more compute it when scraped.
-//     BenchmarkRunSuccess.
+//     BenchmarkRunSuccess; TestRunningSince for the times shown.
 //   - A timed run whose state did not change is claimed with one
 //     CompareAndSwap, without the lock; the state table in controller.go
 //     says why that is safe. TestRemovalRacingATimedRunIsNotLost, and the
@@ -140,21 +141,26 @@ func (c *Controller) run() {
 		due = false
 		l.ranDo = true
 		start := l.offset()
-		err, stack := c.callDo(&l, start)
+		err, stack := c.callDo(&l)
 		end := time.Since(l.anchor)
 		c.afterRun(&l, err, stack, end-start, l.anchorNs+int64(end))
 	}
 }
 
-// callDo runs DoFunc, which started at start, for the loop: it publishes
-// the start (one atomic store, the lock-free claim took no lock to put it
-// under) and bounds the run by RunTimeout when that is set.
-func (c *Controller) callDo(l *loop, start time.Duration) (err error, stack []byte) {
-	atomic.StoreInt64(&c.runStart, l.anchorNs+int64(start))
+// callDo runs DoFunc for the loop, bounded by RunTimeout when that is
+// set, and turns a panic into an error, as call does. It recovers itself
+// rather than calling call, so that a run costs one frame between run and
+// DoFunc, not two.
+func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 	if l.timeout > 0 {
 		return callTimed(l)
 	}
-	return call(l.do, l.ctx)
+	defer func() {
+		if r := recover(); r != nil {
+			err, stack = panicError(r), debug.Stack()
+		}
+	}()
+	return l.do(l.ctx), nil
 }
 
 // callTimed runs DoFunc with a context that ends after RunTimeout. The
@@ -228,6 +234,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 	l.do, l.health, l.group, l.ctx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
 	l.timeout = c.params.RunTimeout
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
+	c.runStart = l.anchorNs + int64(l.offset())
 	c.state.Store(stRunning | st&stRemoved)
 	c.mu.Unlock()
 	return actRun
@@ -250,11 +257,10 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 		l.step = 0
 	}
 	c.mu.Lock()
-	c.runStart = 0 // under mu: see the field
 	c.lastRunDuration = took
 	ev := c.recordLocked(o, err, msg, end)
 	ev.timedOut = timedOut && o == outcomeFailure && stack == nil
-	ev.gaveUp = c.scheduleLocked(l, o)
+	ev.gaveUp = c.scheduleLocked(l, o, end)
 	c.mu.Unlock()
 	c.report(l, o, err, ev, stack, took)
 }
@@ -264,7 +270,7 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 // is pending (a signal that came during the run is in the signal channel
 // already). It reports whether this failure made the retries stop at
 // MaxRetries.
-func (c *Controller) scheduleLocked(l *loop, o outcome) (gaveUp bool) {
+func (c *Controller) scheduleLocked(l *loop, o outcome, end int64) (gaveUp bool) {
 	p := &c.params
 	var jitter time.Duration
 	if p.Jitter > 0 {
@@ -275,6 +281,9 @@ func (c *Controller) scheduleLocked(l *loop, o outcome) (gaveUp bool) {
 	l.timed = timed && st == 0
 	if l.timed {
 		c.armTimerLocked(wait)
+		// The timed run starts when the timer is due: end + wait,
+		// saturating (a wait of the largest Duration never comes).
+		c.runStart = end + int64(min(wait, time.Duration(math.MaxInt64-end)))
 		st = stTimed
 	}
 	c.state.Store(st)
