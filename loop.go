@@ -128,8 +128,12 @@ func (c *Controller) run() {
 		// context is a timed run, claimed without the lock: see the
 		// state table in controller.go for why that is safe.
 		claimed := fired && !l.parentEnded() && c.state.CompareAndSwap(stTimed, stRunning)
-		if !claimed {
-			switch c.begin(&l, due || fired) {
+		var start time.Duration // when the run starts, as an offset of l's clock
+		if claimed {
+			start = l.offset()
+		} else {
+			var act action
+			switch act, start = c.begin(&l, due || fired); act {
 			case actExit:
 				c.finish(&l)
 				return
@@ -140,7 +144,6 @@ func (c *Controller) run() {
 		}
 		due = false
 		l.ranDo = true
-		start := l.offset()
 		err, stack := c.callDo(&l)
 		end := time.Since(l.anchor)
 		c.afterRun(&l, err, stack, end-start, l.anchorNs+int64(end))
@@ -177,14 +180,14 @@ func callTimed(l *loop) (error, []byte) {
 
 // begin looks at the controller's state under the lock and decides whether
 // the loop runs DoFunc now (due: the timer fired, or this is the first
-// run), waits, or exits. For a run, it sets l up and marks the controller
-// running.
+// run), waits, or exits. For a run, it sets l up, marks the controller
+// running, and returns when the run starts, on l's clock.
 //
 // Out of line so that its locals, and the reporting of invalid parameters
 // it may do, never count in run's frame.
 //
 //go:noinline
-func (c *Controller) begin(l *loop, due bool) action {
+func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	c.mu.Lock()
 	// The loop is out of any timed wait: from here on a change must wake
 	// it through the signal channel, also while the lock is dropped below.
@@ -208,7 +211,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 	l.begun = true
 	if st&stRemoved != 0 && !firstRunOwed {
 		c.mu.Unlock()
-		return actExit
+		return actExit, 0
 	}
 	updated := st&stUpdate != 0
 	if updated {
@@ -223,7 +226,7 @@ func (c *Controller) begin(l *loop, due bool) action {
 	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
 	if park || !due {
 		c.mu.Unlock()
-		return actWait
+		return actWait, 0
 	}
 	if c.runCtx == nil {
 		c.newRunCtxLocked(l.parent)
@@ -234,10 +237,12 @@ func (c *Controller) begin(l *loop, due bool) action {
 	l.do, l.health, l.group, l.ctx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
 	l.timeout = c.params.RunTimeout
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
-	c.runStart = l.anchorNs + int64(l.offset())
+	// The run's start, read once: the loop times the run from it too.
+	start = l.offset()
+	c.runStart = l.anchorNs + int64(start)
 	c.state.Store(stRunning | st&stRemoved)
 	c.mu.Unlock()
-	return actRun
+	return actRun, start
 }
 
 // afterRun ends a run: it classifies the result (rule 3), records it and
