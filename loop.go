@@ -30,7 +30,8 @@ import (
 //     scheduleLocked to when the timer is due, and stRunning says whether
 //     it is current. Nothing else about a run in flight is recorded, and
 //     the gauges that need more compute it when scraped.
-//     BenchmarkRunSuccess; TestRunningSince for the times shown.
+//     BenchmarkRunSuccess; TestStatusShowsTheRunningDoFunc and
+//     TestStatusShowsTheRunningTimedRun for the times shown.
 //   - A timed run whose state did not change is claimed with one
 //     CompareAndSwap, without the lock; the state table in controller.go
 //     says why that is safe. TestRemovalRacingATimedRunIsNotLost, and the

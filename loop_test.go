@@ -455,6 +455,42 @@ func TestNoRunTimeoutNoDeadline(t *testing.T) {
 	})
 }
 
+// A timed run, which the loop claims without the lock, shows the moment
+// it was due as its start: after a failure at 0s, the retry due at 1s
+// hangs, and the status says it has run since 1s; then a success and a
+// run due RunInterval later do the same.
+func TestStatusShowsTheRunningTimedRun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		start := time.Now()
+		release := make(chan struct{})
+		calls := 0
+		c := e.m.UpdateController("c", ControllerParams{
+			RunInterval: 10 * time.Second,
+			DoFunc: func(context.Context) error {
+				calls++
+				switch calls {
+				case 1:
+					return errBoom // retried at 1s
+				case 2, 3:
+					<-release // the retry at 1s, then the interval run at 1h+10s
+				}
+				return nil
+			},
+		})
+		time.Sleep(time.Hour)
+		assert.Equal(t, start.Add(time.Second).UTC(), c.GetStatusModel().Status.RunningSince, "the retry was due at 1s")
+		release <- struct{}{} // the retry succeeds at 1h
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		assert.Zero(t, c.GetStatusModel().Status.RunningSince, "waiting for the interval, nothing runs")
+		time.Sleep(time.Minute)
+		assert.Equal(t, start.Add(time.Hour+10*time.Second).UTC(), c.GetStatusModel().Status.RunningSince, "due RunInterval after the success")
+		close(release)
+		e.m.RemoveAllAndWait()
+	})
+}
+
 // While DoFunc runs, the status says since when, and FormatStatus for how
 // long; the field is left out of the JSON once the run ended.
 func TestStatusShowsTheRunningDoFunc(t *testing.T) {
