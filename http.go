@@ -163,9 +163,7 @@ func collect(m *Manager) ([]*Controller, []stoppingController) {
 	var ss []stoppingController
 	for _, m := range ms {
 		m.mu.Lock()
-		for _, c := range m.controllers {
-			cs = append(cs, c)
-		}
+		cs = m.installedLocked(cs)
 		ss = m.stillStoppingLocked(ss)
 		m.mu.Unlock()
 	}

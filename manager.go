@@ -520,10 +520,7 @@ func (m *Manager) GetStatusModel() ControllerStatuses {
 	if m.sorted == nil && len(m.controllers) > 0 {
 		// Rebuilt only after controllers came or went: a status poll of
 		// an unchanged Manager does not sort.
-		m.sorted = make([]*Controller, 0, len(m.controllers))
-		for _, c := range m.controllers {
-			m.sorted = append(m.sorted, c)
-		}
+		m.sorted = m.installedLocked(make([]*Controller, 0, len(m.controllers)))
 		slices.SortFunc(m.sorted, func(a, b *Controller) int { return strings.Compare(a.name, b.name) })
 	}
 	cs := m.sorted

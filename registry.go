@@ -54,13 +54,19 @@ func GetGlobalStatus() ControllerStatuses {
 	var cs []*Controller
 	for _, m := range registry.snapshot() {
 		m.mu.Lock()
-		for _, c := range m.controllers {
-			cs = append(cs, c)
-		}
+		cs = m.installedLocked(cs)
 		m.mu.Unlock()
 	}
 	slices.SortFunc(cs, compareController)
 	return statusesOf(cs)
+}
+
+// installedLocked appends m's installed controllers to cs, in no order.
+func (m *Manager) installedLocked(cs []*Controller) []*Controller {
+	for _, c := range m.controllers {
+		cs = append(cs, c)
+	}
+	return cs
 }
 
 // compareController orders controllers by name, then by UUID: the raw

@@ -251,10 +251,7 @@ var ErrRunStuck = errors.New("run stuck")
 // the timeout: a stuck DoFunc ignores it.
 func (m *Manager) Health() error {
 	m.mu.Lock()
-	cs := make([]*Controller, 0, len(m.controllers))
-	for _, c := range m.controllers {
-		cs = append(cs, c)
-	}
+	cs := m.installedLocked(make([]*Controller, 0, len(m.controllers)))
 	m.mu.Unlock()
 	return healthOf(cs, time.Now())
 }
