@@ -44,6 +44,9 @@ import (
 //     classified again (identical); its message is still read.
 //     TestReusedErrorWithNewMessage for the message, BenchmarkRunFailure
 //     for the cost.
+//   - What a run changed (runEvent) reaches report in registers, not
+//     memory: it has four one-word fields. TestRunEventFitsInRegisters;
+//     BenchmarkRunSuccess and BenchmarkRunFailure for the cost.
 //   - The Controller fills its 416-byte size class to the last 2 bytes.
 //     TestControllerStaysInItsSizeClass; BenchmarkIdle for the whole
 //     footprint of an idle controller.
@@ -265,9 +268,12 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 	c.mu.Lock()
 	c.lastRunDuration = took
 	ev := c.recordLocked(o, err, msg, end)
-	ev.timedOut = timedOut && o == outcomeFailure && stack == nil
 	ev.gaveUp = c.scheduleLocked(l, o, end)
 	c.mu.Unlock()
+	if timedOut && o == outcomeFailure && stack == nil {
+		// Counted here, not in report: see runEvent.
+		c.met.countTimeout(l.group)
+	}
 	c.report(l, o, err, ev, stack, took)
 }
 

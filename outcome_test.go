@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -314,4 +315,20 @@ func TestErrorWhoseMethodsPanic(t *testing.T) {
 		assert.Equal(t, "degraded typed-nil: "+want, health.all()[3], "the StopFunc's unreadable error is told too")
 		e.m.RemoveAllAndWait()
 	})
+}
+
+// TestRunEventFitsInRegisters guards what keeps report's arguments in
+// registers: runEvent has at most four fields, each a single word.
+func TestRunEventFitsInRegisters(t *testing.T) {
+	typ := reflect.TypeFor[runEvent]()
+	if n := typ.NumField(); n > 4 {
+		t.Errorf("runEvent has %d fields, more than 4: report would get it through memory (see runEvent)", n)
+	}
+	for f := range typ.Fields() {
+		switch f.Type.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int64, reflect.Uint8, reflect.Uint32:
+		default:
+			t.Errorf("runEvent.%s is a %s, not a one-word scalar: it takes more than one register", f.Name, f.Type)
+		}
+	}
 }

@@ -36,9 +36,6 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 	if stack != nil {
 		c.met.countPanic(l.group)
 	}
-	if ev.timedOut {
-		c.met.countTimeout(l.group)
-	}
 	if l.health != nil {
 		if o == outcomeFailure {
 			c.reportHealth(l.health, err)
