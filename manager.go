@@ -349,9 +349,11 @@ func (m *Manager) release(c *Controller) {
 	c.markDoneLocked()
 	c.mu.Unlock()
 	if m.stoppingN.Add(-1) == 0 && !m.fake {
-		// The last stopping controller: m may leave the registry. Only
-		// the goroutine that brings the count to 0 takes the lock.
+		// The last stopping controller: m may leave the registry, and
+		// the slow-stop watch has nothing left to watch. Only the
+		// goroutine that brings the count to 0 takes the lock.
 		m.mu.Lock()
+		m.unwatchIfIdleLocked()
 		m.unregisterIfEmptyLocked()
 		m.mu.Unlock()
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"weak"
 )
 
 // defaultSlowStop is how long a removed controller may take to stop before
@@ -46,12 +47,32 @@ func (m *Manager) watchStoppingLocked() {
 		return
 	case m.watch == nil:
 		// The timer's goroutine is the Manager's: it runs warnSlowStops,
-		// which takes m.mu briefly and returns.
-		m.watch = time.AfterFunc(after, m.warnSlowStops)
+		// which takes m.mu briefly and returns. The timer holds m weakly,
+		// so that it never keeps m (nor the owner that embeds it) from
+		// the garbage collector: while a controller is stopping, its
+		// goroutine holds m anyway.
+		wm := weak.Make(m)
+		m.watch = time.AfterFunc(after, func() {
+			if m := wm.Value(); m != nil {
+				m.warnSlowStops()
+			}
+		})
 	default:
 		m.watch.Reset(after)
 	}
 	m.watchArmed = true
+}
+
+// unwatchIfIdleLocked disarms the watch timer once no controller is
+// stopping (a removal may have come since the count reached 0): a pending
+// timer, even a minute away, makes goroutine wake-ups in the whole
+// process slower (BenchmarkTrigger's p50: 270 ns with one, 240 ns
+// without, on the machine of the README's note).
+func (m *Manager) unwatchIfIdleLocked() {
+	if m.watchArmed && m.stoppingN.Load() == 0 {
+		m.watch.Stop()
+		m.watchArmed = false
+	}
 }
 
 // warnSlowStops logs the removed controllers that have been stopping for

@@ -4,11 +4,14 @@ package controller
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
+	"weak"
 
 	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -137,5 +140,98 @@ func TestSlowStopWarningsFollowEachRemoval(t *testing.T) {
 			assert.Len(t, e.logs(logrus.WarnLevel), step.want, "at %v", step.at)
 		}
 		e.m.RemoveAllAndWait()
+	})
+}
+
+// An owner that embeds a Manager is garbage once its controllers have
+// stopped: the slow-stop watch, armed by the removal, holds the Manager
+// weakly, so it does not keep the owner for the minute it waits.
+// Collection is observed through a weak pointer, which runtime.GC clears
+// before it returns, once synctest.Wait has seen the controller's
+// goroutine return.
+func TestStoppedManagerCanBeCollected(t *testing.T) {
+	type owner struct {
+		Manager
+		buf [1 << 10]byte
+	}
+	for _, remove := range []struct {
+		name string
+		do   func(*Manager)
+	}{
+		{"RemoveAllAndWait", (*Manager).RemoveAllAndWait},
+		{"RemoveControllerAndWait", func(m *Manager) { require.NoError(t, m.RemoveControllerAndWait("c")) }},
+		{"Shutdown", func(m *Manager) { require.NoError(t, m.Shutdown(context.Background())) }},
+	} {
+		t.Run(remove.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				wp := func() weak.Pointer[owner] {
+					o := &owner{}
+					o.UpdateController("c", ControllerParams{DoFunc: NoopFunc})
+					remove.do(&o.Manager)
+					return weak.Make(o)
+				}()
+				synctest.Wait()
+				runtime.GC()
+				assert.Nil(t, wp.Value(), "the owner of a Manager whose controllers have all stopped is still reachable")
+			})
+		})
+	}
+}
+
+// The slow-stop watch is disarmed as soon as nothing is stopping: a
+// pending timer would slow every goroutine wake-up in the process
+// (BenchmarkTrigger) for the minute it waits.
+func TestSlowStopWatchEndsWithTheLastStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		armed := func() bool {
+			e.m.mu.Lock()
+			defer e.m.mu.Unlock()
+			return e.m.watchArmed
+		}
+		release := make(chan struct{})
+		e.m.UpdateController("slow", ControllerParams{DoFunc: func(context.Context) error { <-release; return nil }})
+		e.m.UpdateController("quick", ControllerParams{DoFunc: NoopFunc})
+		synctest.Wait()
+		require.NoError(t, e.m.RemoveController("quick"))
+		synctest.Wait()
+		assert.False(t, armed(), "armed after the only removed controller stopped")
+
+		require.NoError(t, e.m.RemoveController("slow"))
+		synctest.Wait()
+		assert.True(t, armed(), "not armed while a removed controller is stopping")
+		time.Sleep(time.Second)
+		close(release)
+		synctest.Wait()
+		assert.False(t, armed(), "armed after the last removed controller stopped")
+	})
+}
+
+// The watch's weak hold does not lose a Manager that is still needed: an
+// owner dropped by the program while its removed controller keeps
+// running is kept alive by that controller, and the warning comes.
+func TestSlowStopWarningOfADroppedOwner(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type owner struct{ Manager }
+		logger, hook := test.NewNullLogger()
+		never := make(chan struct{})
+		func() {
+			o := &owner{}
+			WithLogger(logger)(&o.Manager)
+			o.UpdateController("stuck", ControllerParams{DoFunc: func(context.Context) error { <-never; return nil }})
+			synctest.Wait()
+			require.NoError(t, o.RemoveController("stuck"))
+		}()
+		runtime.GC()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var warned []string
+		for _, e := range hook.AllEntries() {
+			if e.Level == logrus.WarnLevel {
+				warned = append(warned, e.Message)
+			}
+		}
+		assert.Equal(t, []string{"controller removed 1m0s ago is still stopping: its DoFunc has not returned"}, warned)
+		close(never)
 	})
 }
