@@ -11,7 +11,6 @@ import (
 	"weak"
 
 	"github.com/sirupsen/logrus"
-	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -200,7 +199,6 @@ func TestSlowStopWatchEndsWithTheLastStop(t *testing.T) {
 		require.NoError(t, e.m.RemoveController("slow"))
 		synctest.Wait()
 		assert.True(t, armed(), "not armed while a removed controller is stopping")
-		time.Sleep(time.Second)
 		close(release)
 		synctest.Wait()
 		assert.False(t, armed(), "armed after the last removed controller stopped")
@@ -213,11 +211,11 @@ func TestSlowStopWatchEndsWithTheLastStop(t *testing.T) {
 func TestSlowStopWarningOfADroppedOwner(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		type owner struct{ Manager }
-		logger, hook := test.NewNullLogger()
+		e := newEnv(t) // for its logger and logs; the owner has a Manager of its own
 		never := make(chan struct{})
 		func() {
 			o := &owner{}
-			WithLogger(logger)(&o.Manager)
+			WithLogger(e.logger)(&o.Manager)
 			o.UpdateController("stuck", ControllerParams{DoFunc: func(context.Context) error { <-never; return nil }})
 			synctest.Wait()
 			require.NoError(t, o.RemoveController("stuck"))
@@ -225,13 +223,7 @@ func TestSlowStopWarningOfADroppedOwner(t *testing.T) {
 		runtime.GC()
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		var warned []string
-		for _, e := range hook.AllEntries() {
-			if e.Level == logrus.WarnLevel {
-				warned = append(warned, e.Message)
-			}
-		}
-		assert.Equal(t, []string{"controller removed 1m0s ago is still stopping: its DoFunc has not returned"}, warned)
+		assert.Equal(t, []string{"controller removed 1m0s ago is still stopping: its DoFunc has not returned"}, e.logs(logrus.WarnLevel))
 		close(never)
 	})
 }
