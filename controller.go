@@ -267,7 +267,7 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 }
 
 // fillStatus fills a status of c; uuid is c's UUID, formatted by the
-// caller (statusesOf formats a whole list's into one string).
+// caller (a whole list's into one string, for statusesOf).
 func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -77,7 +77,7 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	failingOnly, _ := strconv.ParseBool(r.URL.Query().Get("failing"))
 	cs, ss := collect(h.m)
 	now := time.Now()
-	installed, stopping := statusesOf(cs), stoppingStatuses(ss)
+	installed, stopping := statusesOf(cs, formatUUIDs(cs)), stoppingStatuses(ss)
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Add("Vary", "Accept")
 	var err error

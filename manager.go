@@ -31,6 +31,7 @@ type Manager struct {
 	mu          sync.Mutex
 	controllers map[string]*Controller // installed, by name
 	sorted      []*Controller          // controllers sorted by name; nil: to be rebuilt
+	sortedUUIDs string                 // their UUIDs, 36 bytes each, built with sorted
 	registered  bool                   // in the global registry (has controllers, not fake)
 	fake        bool
 	closed      bool // Shutdown was called: installs are refused
@@ -245,7 +246,7 @@ func (m *Manager) install(name string, params ControllerParams, update bool) (*C
 		m.controllers = make(map[string]*Controller)
 	}
 	m.controllers[name] = c
-	m.sorted = nil
+	m.sorted, m.sortedUUIDs = nil, ""
 	if !m.registered && !m.fake {
 		registry.add(m)
 		m.registered = true
@@ -312,7 +313,7 @@ func (m *Manager) remove(name string) (*Controller, error) {
 
 func (m *Manager) removeLocked(c *Controller) {
 	delete(m.controllers, c.name)
-	m.sorted = nil
+	m.sorted, m.sortedUUIDs = nil, ""
 	m.stopLocked(c)
 }
 
@@ -402,7 +403,7 @@ func (m *Manager) removeAllAndSeal(close bool) *stopCohort {
 func (m *Manager) removeAllLocked() {
 	// Take the whole map rather than deleting its entries one by one.
 	cs := m.controllers
-	m.controllers, m.sorted = nil, nil
+	m.controllers, m.sorted, m.sortedUUIDs = nil, nil, ""
 	m.pruneStoppingLocked()
 	m.stopping = slices.Grow(m.stopping, len(cs))
 	if m.fake {
@@ -521,11 +522,13 @@ func (m *Manager) GetStatusModel() ControllerStatuses {
 	m.mu.Lock()
 	if m.sorted == nil && len(m.controllers) > 0 {
 		// Rebuilt only after controllers came or went: a status poll of
-		// an unchanged Manager does not sort.
+		// an unchanged Manager neither sorts nor formats a UUID, and its
+		// statuses share one UUID string.
 		m.sorted = m.installedLocked(make([]*Controller, 0, len(m.controllers)))
 		slices.SortFunc(m.sorted, func(a, b *Controller) int { return strings.Compare(a.name, b.name) })
+		m.sortedUUIDs = formatUUIDs(m.sorted)
 	}
-	cs := m.sorted
+	cs, uuids := m.sorted, m.sortedUUIDs
 	m.mu.Unlock()
-	return statusesOf(cs)
+	return statusesOf(cs, uuids)
 }

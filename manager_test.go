@@ -449,6 +449,44 @@ func TestStatusModelIsSortedByName(t *testing.T) {
 	})
 }
 
+// The names and UUIDs GetStatusModel lists are the installed controllers'
+// also after controllers came and went between two reads: the UUID text it
+// keeps from one read to the next is rebuilt when they change.
+func TestStatusModelFollowsInstallsAndRemovals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		installed := func() []string {
+			var got []string
+			for _, s := range e.m.GetStatusModel() {
+				got = append(got, s.Name+" "+s.UUID)
+			}
+			return got
+		}
+		id := func(name string) string { return name + " " + e.m.Lookup(name).UUID() }
+		for _, n := range []string{"b", "c"} {
+			e.m.UpdateController(n, ControllerParams{DoFunc: NoopFunc})
+		}
+		assert.Equal(t, []string{id("b"), id("c")}, installed())
+		assert.Equal(t, []string{id("b"), id("c")}, installed(), "a second read of an unchanged Manager")
+
+		e.m.UpdateController("a", ControllerParams{DoFunc: NoopFunc})
+		assert.Equal(t, []string{id("a"), id("b"), id("c")}, installed(), "after an install")
+
+		old := id("b")
+		require.NoError(t, e.m.RemoveController("b"))
+		assert.Equal(t, []string{id("a"), id("c")}, installed(), "after a removal")
+		e.m.UpdateController("b", ControllerParams{DoFunc: NoopFunc})
+		assert.NotEqual(t, old, id("b"), "installed again, b is a new controller")
+		assert.Equal(t, []string{id("a"), id("b"), id("c")}, installed(), "after b was installed again")
+
+		e.m.RemoveAllAndWait()
+		assert.Empty(t, installed())
+		e.m.UpdateController("d", ControllerParams{DoFunc: NoopFunc})
+		assert.Equal(t, []string{id("d")}, installed(), "after RemoveAllAndWait and an install")
+		e.m.RemoveAllAndWait()
+	})
+}
+
 // A Manager does not keep terminated controllers reachable, however often
 // it removes them without waiting for them.
 func TestRemovedControllersAreReleased(t *testing.T) {

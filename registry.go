@@ -58,7 +58,7 @@ func GetGlobalStatus() ControllerStatuses {
 		m.mu.Unlock()
 	}
 	slices.SortFunc(cs, compareController)
-	return statusesOf(cs)
+	return statusesOf(cs, formatUUIDs(cs))
 }
 
 // installedLocked appends m's installed controllers to cs, in no order.
@@ -79,13 +79,12 @@ func compareController(a, b *Controller) int {
 }
 
 // statusesOf returns the statuses of cs, in their order, in a constant
-// number of allocations.
-func statusesOf(cs []*Controller) ControllerStatuses {
+// number of allocations; uuids is formatUUIDs(cs).
+func statusesOf(cs []*Controller, uuids string) ControllerStatuses {
 	out := make(ControllerStatuses, len(cs))
 	ss := make([]ControllerStatus, len(cs))
 	cfgs := make([]ControllerStatusConfiguration, len(cs))
 	sts := make([]ControllerStatusStatus, len(cs))
-	uuids := formatUUIDs(cs)
 	for i, c := range cs {
 		c.fillStatus(&ss[i], &cfgs[i], &sts[i], uuids[i*36:(i+1)*36])
 		out[i] = &ss[i]

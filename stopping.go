@@ -167,7 +167,7 @@ func stoppingStatuses(ss []stoppingController) ControllerStatuses {
 	for i, s := range ss {
 		cs[i] = s.c
 	}
-	out := statusesOf(cs)
+	out := statusesOf(cs, formatUUIDs(cs))
 	for i, s := range ss {
 		out[i].Status.RemovedTimestamp = statusTime(s.removed)
 	}
