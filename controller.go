@@ -293,7 +293,10 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 		LastFailureTimestamp:    statusTime(c.lastErrTime),
 		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
 		LastRunDuration:         Duration(c.lastRunDuration),
-		RunningSince:            statusTime(c.runningSinceLocked()),
+	}
+	if start := c.runningSinceLocked(); start != 0 {
+		t := statusTime(start)
+		st.RunningSince = &t
 	}
 	*s = ControllerStatus{Name: c.name, UUID: uuid, Configuration: cfg, Status: st}
 }

@@ -195,17 +195,17 @@ func formatStopping(w io.Writer, stopping ControllerStatuses, now time.Time) err
 		if msg == "" {
 			msg = "no error"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, s.Status.RemovedTimestamp), waitingFor(s.Status, now), msg)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), msg)
 	}
 	return tw.Flush()
 }
 
 // waitingFor says which function a stopping controller waits for.
 func waitingFor(st *ControllerStatusStatus, now time.Time) string {
-	if st.RunningSince.IsZero() {
+	if st.RunningSince == nil {
 		return "StopFunc"
 	}
-	return "DoFunc, running " + since(now, st.RunningSince)
+	return "DoFunc, running " + since(now, *st.RunningSince)
 }
 
 // page is what the HTML template shows.
@@ -261,7 +261,7 @@ func newPage(global bool, cs []*Controller, installed, stopping ControllerStatus
 	p.Shown = len(p.Rows)
 	for _, s := range stopping {
 		r := newRow(s, now)
-		r.State, r.Class, r.Removed = "stopping", "stopping", ago(now, s.Status.RemovedTimestamp)
+		r.State, r.Class, r.Removed = "stopping", "stopping", ago(now, *s.Status.RemovedTimestamp)
 		r.Running = waitingFor(s.Status, now)
 		p.StoppingRows = append(p.StoppingRows, r)
 	}
@@ -272,8 +272,8 @@ func newRow(s *ControllerStatus, now time.Time) row {
 	st := s.Status
 	r := row{Name: s.Name, UUID: s.UUID, LastSuccess: ago(now, st.LastSuccessTimestamp), LastError: ago(now, st.LastFailureTimestamp),
 		Failures: st.ConsecutiveFailureCount, Message: st.LastFailureMsg}
-	if !st.RunningSince.IsZero() {
-		r.Running = since(now, st.RunningSince)
+	if st.RunningSince != nil {
+		r.Running = since(now, *st.RunningSince)
 	}
 	return r
 }

@@ -174,8 +174,8 @@ func TestStatusHandlerJSON(t *testing.T) {
 			require.NoError(t, json.Unmarshal([]byte(body(t, resp)), &st))
 			assert.Equal(t, tc.want, statusNames(st), tc.target)
 			gone := st[len(st)-1]
-			assert.Equal(t, time.Date(2000, 1, 1, 0, 0, 30, 0, time.UTC), gone.Status.RemovedTimestamp)
-			assert.Zero(t, st[0].Status.RemovedTimestamp)
+			assert.Equal(t, new(time.Date(2000, 1, 1, 0, 0, 30, 0, time.UTC)), gone.Status.RemovedTimestamp)
+			assert.Nil(t, st[0].Status.RemovedTimestamp)
 		}
 	})
 }

@@ -117,14 +117,18 @@ type ControllerStatusStatus struct {
 	// LastRunDuration is how long the last DoFunc run took; left out when
 	// 0.
 	LastRunDuration Duration `json:"last-run-duration,omitzero"`
-	// RunningSince is when the DoFunc running now started; left out when
-	// none runs. A run that has lasted long is stuck: see
+	// RunningSince is when the DoFunc running now started; nil, and left
+	// out, when none runs. A run that has lasted long is stuck: see
 	// [Manager.Health].
-	RunningSince time.Time `json:"running-since,omitzero"`
+	RunningSince *time.Time `json:"running-since,omitempty"`
 	// RemovedTimestamp is when the controller was removed; set only in
 	// the statuses of controllers still stopping
-	// ([Manager.GetStoppingStatus]), left out otherwise.
-	RemovedTimestamp time.Time `json:"removed-timestamp,omitzero"`
+	// ([Manager.GetStoppingStatus]), nil otherwise.
+	//
+	// Both are pointers, as Kubernetes' DeletionTimestamp is: most
+	// statuses have neither, and a nil costs 8 bytes where a zero
+	// time.Time costs 24, in every status of every poll.
+	RemovedTimestamp *time.Time `json:"removed-timestamp,omitempty"`
 }
 
 // failing reports whether the status is of a failing controller: one whose
@@ -186,8 +190,8 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 		if msg == "" {
 			msg = "no error"
 		}
-		if !st.RunningSince.IsZero() {
-			msg = "[running " + since(now, st.RunningSince) + "] " + msg
+		if st.RunningSince != nil {
+			msg = "[running " + since(now, *st.RunningSince) + "] " + msg
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", oneLine(s.Name),
 			ago(now, st.LastSuccessTimestamp), ago(now, st.LastFailureTimestamp),

@@ -58,7 +58,7 @@ func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 	st := &ControllerStatus{Name: "n", UUID: "u",
 		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
 			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second), RunTimeout: Duration(time.Hour)},
-		Status: &ControllerStatusStatus{RunningSince: time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)}}
+		Status: &ControllerStatusStatus{RunningSince: new(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))}}
 	b, err := json.Marshal(st)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"name":"n","uuid":"u","configuration":{"error-retry":false,"error-retry-base":"1s","interval":"0s",

@@ -123,7 +123,7 @@ func (c *Controller) logSlowStop(d time.Duration) {
 
 // GetStoppingStatus returns the status of every controller removed from
 // the Manager whose DoFunc or StopFunc has not returned yet, sorted by
-// name, then UUID. Each has Status.RemovedTimestamp set; a set
+// name, then UUID. Each has Status.RemovedTimestamp set; a non-nil
 // Status.RunningSince says its DoFunc still runs (else its StopFunc does).
 // A controller stays here until it terminates, also after a
 // [Manager.Shutdown] whose deadline passed. [Manager.GetStatusModel] lists
@@ -168,8 +168,10 @@ func stoppingStatuses(ss []stoppingController) ControllerStatuses {
 		cs[i] = s.c
 	}
 	out := statusesOf(cs, formatUUIDs(cs))
+	removed := make([]time.Time, len(ss))
 	for i, s := range ss {
-		out[i].Status.RemovedTimestamp = statusTime(s.removed)
+		removed[i] = statusTime(s.removed)
+		out[i].Status.RemovedTimestamp = &removed[i]
 	}
 	return out
 }

@@ -36,8 +36,8 @@ func TestStoppingListsARemovedDoFuncThatIgnoresItsContext(t *testing.T) {
 		st := e.m.GetStoppingStatus()
 		require.Len(t, st, 1)
 		assert.Equal(t, "stuck", st[0].Name)
-		assert.Equal(t, removed.UTC(), st[0].Status.RemovedTimestamp)
-		assert.Equal(t, started.UTC(), st[0].Status.RunningSince, "its DoFunc still runs")
+		assert.Equal(t, new(removed.UTC()), st[0].Status.RemovedTimestamp)
+		assert.Equal(t, new(started.UTC()), st[0].Status.RunningSince, "its DoFunc still runs")
 		assert.Contains(t, statusNames(GetGlobalStoppingStatus()), "stuck")
 
 		time.Sleep(time.Minute - time.Nanosecond)
@@ -92,8 +92,8 @@ func TestStoppingListsAStopFuncPastAShutdownDeadline(t *testing.T) {
 				assert.Empty(t, e.m.GetStatusModel())
 				st := e.m.GetStoppingStatus()
 				require.Len(t, st, 1, "still listed an hour after the deadline")
-				assert.Equal(t, removed.UTC(), st[0].Status.RemovedTimestamp)
-				assert.Zero(t, st[0].Status.RunningSince, "no DoFunc runs: the StopFunc does")
+				assert.Equal(t, new(removed.UTC()), st[0].Status.RemovedTimestamp)
+				assert.Nil(t, st[0].Status.RunningSince, "no DoFunc runs: the StopFunc does")
 				assert.Equal(t, tc.wantWarn, e.logs(logrus.WarnLevel))
 
 				close(release)
