@@ -266,8 +266,10 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 	return s
 }
 
-// fillStatus fills a status of c; uuid is c's UUID, formatted by the
-// caller (a whole list's into one string, for statusesOf).
+// fillStatus fills a status of c into s, cfg and st, which are zero; uuid
+// is c's UUID, formatted by the caller (a whole list's into one string, for
+// statusesOf). It sets field by field: a composite literal would be built
+// aside and copied in, through write barriers while the GC marks.
 func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -275,30 +277,28 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	if c.invalid != nil {
 		p = &c.invalid.params
 	}
-	*cfg = ControllerStatusConfiguration{
-		ErrorRetry:       !p.NoErrorRetry,
-		ErrorRetryBase:   Duration(p.retryBase()),
-		Interval:         Duration(p.RunInterval),
-		Group:            p.Group.Name,
-		MaxRetryInterval: Duration(p.MaxRetryInterval),
-		MaxRetries:       int64(p.MaxRetries),
-		Jitter:           Duration(p.Jitter),
-		RunTimeout:       Duration(p.RunTimeout),
-	}
-	*st = ControllerStatusStatus{
-		SuccessCount:            c.successCount,
-		FailureCount:            c.failureCount,
-		ConsecutiveFailureCount: c.consecutiveFailures,
-		LastFailureMsg:          c.lastErrMsg,
-		LastFailureTimestamp:    statusTime(c.lastErrTime),
-		LastSuccessTimestamp:    statusTime(c.lastSuccessTime),
-		LastRunDuration:         Duration(c.lastRunDuration),
-	}
+	cfg.ErrorRetry = !p.NoErrorRetry
+	cfg.ErrorRetryBase = Duration(p.retryBase())
+	cfg.Interval = Duration(p.RunInterval)
+	cfg.Group = p.Group.Name
+	cfg.MaxRetryInterval = Duration(p.MaxRetryInterval)
+	cfg.MaxRetries = int64(p.MaxRetries)
+	cfg.Jitter = Duration(p.Jitter)
+	cfg.RunTimeout = Duration(p.RunTimeout)
+
+	st.SuccessCount = c.successCount
+	st.FailureCount = c.failureCount
+	st.ConsecutiveFailureCount = c.consecutiveFailures
+	st.LastFailureMsg = c.lastErrMsg
+	st.LastFailureTimestamp = statusTime(c.lastErrTime)
+	st.LastSuccessTimestamp = statusTime(c.lastSuccessTime)
+	st.LastRunDuration = Duration(c.lastRunDuration)
 	if start := c.runningSinceLocked(); start != 0 {
 		t := statusTime(start)
 		st.RunningSince = &t
 	}
-	*s = ControllerStatus{Name: c.name, UUID: uuid, Configuration: cfg, Status: st}
+
+	s.Name, s.UUID, s.Configuration, s.Status = c.name, uuid, cfg, st
 }
 
 // newController returns a controller for params, not yet started. verr is
