@@ -35,11 +35,9 @@ func TestMain(m *testing.M) {
 	}
 	stop, err := startEtcd()
 	if err != nil {
+		// The tests that need etcd fail with this reason (needEtcd);
+		// the others still run.
 		etcdStartErr = err
-		if os.Getenv("CI") != "" {
-			fmt.Fprintf(os.Stderr, "ha tests: CI is set and etcd could not start: %v\n", err)
-			os.Exit(1)
-		}
 	}
 	code := m.Run()
 	if code == 0 {
@@ -57,12 +55,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// needEtcd skips a test when no etcd could start, which happens only
-// outside CI (TestMain fails the run in CI).
+// needEtcd fails a test when no etcd could start, in CI and out of it: a
+// replica test that did not run has shown nothing. Installing etcd (Debian:
+// etcd-server) or putting it on PATH mends it.
 func needEtcd(t testing.TB) {
 	t.Helper()
 	if testEtcd == "" {
-		t.Skipf("no etcd: %v", etcdStartErr)
+		t.Fatalf("no etcd to test against: %v", etcdStartErr)
 	}
 }
 
