@@ -36,9 +36,10 @@ func (d *meteredDo) do(context.Context) error {
 }
 
 // The run loop allocates nothing in steady state, success or failure, with
-// metrics and logging (at Info, to logrus or to log/slog) on. A controller runs 20,000 times and the
-// process-wide malloc counter may move by a handful (the runtime's own
-// bookkeeping): one allocation per run fails the test.
+// metrics and logging (at Info, to logrus or to log/slog) on. A controller
+// runs 20,000 times and the process-wide malloc counter may move by a
+// handful (the runtime's own bookkeeping): one allocation per run fails the
+// test.
 func TestRunLoopDoesNotAllocate(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
