@@ -155,3 +155,43 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// Leave returns when its context ends, with an error, also while a name it
+// released earlier has a StopFunc that ignores its context: the worker
+// waiting to delete that name's claim gives up with the epoch, and the
+// lease is left to expire.
+func TestLeaveReturnsWhenItsContextEndsDuringARelease(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.join("solo")
+	r := n.r
+	var ran atomic.Bool
+	unblock := make(chan struct{})
+	err := r.UpdateController("stuck", controller.ControllerParams{
+		DoFunc:   func(context.Context) error { ran.Store(true); return nil },
+		StopFunc: func(context.Context) error { <-unblock; return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first run", ran.Load)
+	if err := r.RemoveController("stuck"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { left <- r.Leave(ctx) }() // joined below, or by the cleanup after unblock
+	select {
+	case err := <-left:
+		if err == nil {
+			t.Error("Leave returned nil with a StopFunc still running")
+		}
+	case <-time.After(10 * time.Second):
+		close(unblock)
+		<-left
+		t.Fatal("Leave was still blocked 9s after its context ended")
+	}
+	close(unblock)
+	delete(c.nodes, n.id)
+	n.cli.Close()
+}

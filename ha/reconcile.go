@@ -264,10 +264,16 @@ func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, installed bool)
 // release waits for the controller to terminate, then deletes the claim,
 // guarded by its revision so that a claim someone else holds by now is
 // left alone; it retries until the delete is answered or the epoch ends.
+// An epoch that ends first (Leave past its context, a passed fence) leaves
+// the claim to its lease: revoked, or left to expire.
 func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struct{}) {
 	defer ep.wg.Done()
 	if terminated != nil {
-		<-terminated
+		select {
+		case <-terminated:
+		case <-ep.ctx.Done():
+			return
+		}
 	}
 	res := result{kind: released, name: name}
 	for {
