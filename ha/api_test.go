@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bgctl/controller"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestBadOptionsAreNamed(t *testing.T) {
@@ -194,4 +195,26 @@ func TestLeaveReturnsWhenItsContextEndsDuringARelease(t *testing.T) {
 	close(unblock)
 	delete(c.nodes, n.id)
 	n.cli.Close()
+}
+
+// A claim under the replica's own lease that it does not hold for a name
+// (an acquire whose answer was lost to a timeout while the name moved) is
+// deleted: the replica renews its lease, so the key would otherwise keep
+// the name's owner waiting for good.
+func TestStrayClaimUnderOwnLeaseIsDeleted(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.join("solo")
+	n.r.mu.Lock()
+	lease := n.r.lease
+	n.r.mu.Unlock()
+	key := c.prefix + "/claims/moved"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := n.cli.Put(ctx, key, "solo", clientv3.WithLease(lease)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stray claim's deletion", func() bool {
+		got, err := n.cli.Get(ctx, key)
+		return err == nil && len(got.Kvs) == 0
+	})
 }

@@ -166,6 +166,11 @@ func (r *Replica) reconcile(ep *epoch) {
 				r.stepLocked(ep, name)
 			}
 		}
+		for name, c := range r.claims {
+			if _, ok := r.regs[name]; !ok && c.lease == ep.lease && r.slots[name] == nil {
+				r.stepLocked(ep, name) // a stray claim of ours: see stepLocked
+			}
+		}
 		return
 	}
 	for name := range r.dirty {
@@ -175,7 +180,10 @@ func (r *Replica) reconcile(ep *epoch) {
 }
 
 // stepLocked starts what name needs: a claim request when the name is
-// ours and free, a release when it runs here but is no longer ours.
+// ours and free, a release when it runs here but is no longer ours, or
+// when a claim under this epoch's lease has no slot although the name is
+// not ours (an acquire whose answer was lost to a timeout while the name
+// moved: the lease, renewed, would keep the owner waiting for good).
 // Names in acquiring or releasing wait for their worker.
 func (r *Replica) stepLocked(ep *epoch, name string) {
 	_, registered := r.regs[name]
@@ -190,6 +198,12 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		r.slots[name] = s
 		ep.wg.Add(1)
 		go r.acquire(ep, name) // owned by the loop; joined by endEpoch through ep.wg
+	case s == nil:
+		if c, held := r.claims[name]; held && c.lease == ep.lease {
+			s = &slot{claim: Claim{Key: r.keys.claims + name, Revision: c.rev}, done: make(chan struct{})}
+			r.slots[name] = s
+			r.releaseLocked(ep, name, s, false)
+		}
 	case s != nil && s.state == running:
 		c, held := r.claims[name]
 		lost := r.viewRev >= s.claim.Revision && (!held || c.rev != s.claim.Revision)
