@@ -58,7 +58,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		// The fence keeps counting with the TTL asked for, the shorter.
 		r.log.Warnf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl)
 	}
-	f := newFence(sent.Add(ttl - r.opts.Margin))
+	f := newFence(sent.Add(r.opts.window()))
 	fail := func(err error) (*epoch, error) {
 		f.stop(err)
 		rctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
@@ -81,13 +81,16 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		if len(kvs) == 1 && (prev == 0 || clientv3.LeaseID(kvs[0].Lease) != prev) {
 			return fail(fmt.Errorf("%w: %q (member key %q is held by lease %x)", ErrDuplicateID, r.opts.ID, key, kvs[0].Lease))
 		}
-		// Our own key from the previous epoch, or one deleted since: ours.
+		// Our own key from the previous epoch: ours. (The Else read the
+		// key in the same transaction, so len(kvs) is 1. This Put is not
+		// guarded by prev's lease; a replica of the same ID joining in
+		// between would be overwritten.)
 		if _, err := r.cli.Put(mctx, key, r.opts.ID, clientv3.WithLease(g.ID)); err != nil {
 			return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
 		}
 	}
 	if !f.open() {
-		return fail(fmt.Errorf("ha: joining took longer than TTL − Margin (%v)", ttl-r.opts.Margin))
+		return fail(fmt.Errorf("ha: joining took longer than TTL − Margin (%v)", r.opts.window()))
 	}
 	ep := &epoch{
 		lease:   g.ID,

@@ -96,8 +96,14 @@ func TestFenceCancelsDoFuncAndStopFunc(t *testing.T) {
 			t.Fatalf("%s's context was not cancelled", name)
 		}
 	}
-	if took, limit := time.Since(cut), c.opts.TTL-c.opts.Margin; took > limit+time.Second {
-		t.Errorf("stopped %v after the cut; the fence allows %v", took, limit)
+	// The fence passes at most TTL − Margin after the cut (it counts from
+	// the last renewal sent, which came before); the slack for delivering
+	// the cancellation is Margin, so a cancellation as late as the lease
+	// could expire fails.
+	took := time.Since(cut)
+	t.Logf("both contexts cancelled %v after the cut; the fence allows %v", took, c.opts.TTL-c.opts.Margin)
+	if took >= c.opts.TTL {
+		t.Errorf("stopped %v after the cut, not before the lease's TTL (%v)", took, c.opts.TTL)
 	}
 	n.proxy.heal()
 }
