@@ -21,15 +21,18 @@ import (
 	"go.uber.org/zap"
 )
 
-// interval is one DoFunc run: from its start to its return.
+// interval is one DoFunc run or StopFunc call: from its start to its
+// return.
 type interval struct {
 	replica    string
 	start, end time.Duration // since the recorder's base; end < 0 while running
 }
 
-// recorder watches every name's DoFuncs across all replicas of a test. Its
-// DoFuncs run until their context ends, so a name "runs" on a replica for
-// as long as the replica holds it.
+// recorder watches every name's DoFuncs and StopFuncs across all replicas
+// of a test. Its DoFuncs run until their context ends, so a name "runs" on
+// a replica for as long as the replica holds it; its StopFuncs take a few
+// milliseconds, and count as running too: the claim is released only after
+// the StopFunc returned, so no other replica's DoFunc may start before.
 type recorder struct {
 	base time.Time
 
@@ -37,7 +40,7 @@ type recorder struct {
 	active    map[string]int        // guarded by mu; DoFuncs of the name running now
 	where     map[string]string     // guarded by mu; the replica running the name
 	runs      map[string][]interval // guarded by mu; every run, by name
-	overlaps  int                   // guarded by mu; DoFunc starts that found another running
+	overlaps  int                   // guarded by mu; DoFunc or StopFunc starts that found another running
 	maxActive int                   // guarded by mu
 }
 
@@ -56,10 +59,19 @@ func (rec *recorder) params(replica, name string) controller.ControllerParams {
 			rec.finish(name, i)
 			return nil
 		},
+		StopFunc: func(context.Context) error {
+			i := rec.begin(replica, name)
+			time.Sleep(stopFuncTakes) // a StopFunc's work, not an ordering
+			rec.finish(name, i)
+			return nil
+		},
 		RunInterval:            5 * time.Millisecond,
 		ErrorRetryBaseDuration: 10 * time.Millisecond,
 	}
 }
+
+// stopFuncTakes is how long the recorder's StopFuncs work.
+const stopFuncTakes = 5 * time.Millisecond
 
 func (rec *recorder) begin(replica, name string) int {
 	rec.mu.Lock()
@@ -84,6 +96,21 @@ func (rec *recorder) finish(name string, i int) {
 	rec.runs[name][i].end = rec.now()
 }
 
+// ranOn returns how many runs (and StopFunc calls) replica has made.
+func (rec *recorder) ranOn(replica string) int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	n := 0
+	for _, runs := range rec.runs {
+		for _, run := range runs {
+			if run.replica == replica {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // placement returns where each name runs now.
 func (rec *recorder) placement() map[string]string {
 	rec.mu.Lock()
@@ -103,7 +130,7 @@ func (rec *recorder) assertNoOverlap(t testing.TB) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if rec.overlaps != 0 || rec.maxActive > 1 {
-		t.Errorf("%d DoFunc starts found the name running already (at most %d at once)", rec.overlaps, rec.maxActive)
+		t.Errorf("%d DoFunc or StopFunc starts found the name running already (at most %d at once)", rec.overlaps, rec.maxActive)
 	}
 	bad, total := 0, 0
 	for name, runs := range rec.runs {
@@ -123,9 +150,9 @@ func (rec *recorder) assertNoOverlap(t testing.TB) {
 	t.Logf("overlap: %d concurrent starts, %d overlapping intervals, in %d runs of %d names", rec.overlaps, bad, total, len(rec.runs))
 }
 
-// lastEnd returns when replica's last run of any of names ended, and
-// firstStartElsewhere when the first run of them on another replica
-// started after since.
+// handover returns when replica's last run (or StopFunc) of any of names
+// ended, and when the first run of them on another replica started after
+// since.
 func (rec *recorder) handover(replica string, names []string, since time.Duration) (lastEnd, firstOther time.Duration) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
