@@ -58,11 +58,15 @@
 //     cannot expire on the server before the fence passed plus Margin.
 //     When the fence passes, the replica cancels the context of every
 //     DoFunc and StopFunc (cause [ErrFencePassed]) and runs nothing until
-//     it holds a new lease.
+//     it holds a new lease. No StopFunc starts once the fence has passed,
+//     as after a crash: the DoFunc it would follow may use the whole
+//     Margin.
 //  4. A DoFunc or StopFunc returns within Margin once its context is
 //     cancelled (the contract below). With rule 3, it has returned before
 //     the lease, and so the claim, can expire, and before another replica
-//     can create the claim anew.
+//     can create the claim anew. Only one of them can be running when the
+//     fence passes: a StopFunc starts after the last DoFunc returned, and
+//     not at all after the fence.
 //
 // Margin must also cover how far the replica's clock may run slower than
 // the server's over one TTL; the replica measures with its monotonic

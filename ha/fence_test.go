@@ -54,14 +54,15 @@ func TestFenceExpireHasACause(t *testing.T) {
 	})
 }
 
-// A partitioned replica cancels its DoFunc's context and its StopFunc's
-// with ErrFencePassed, before the lease can expire on the server.
+// A partitioned replica cancels the context of a running DoFunc, and of a
+// StopFunc that started before the fence passed, with ErrFencePassed,
+// before the lease can expire on the server.
 func TestFenceCancelsDoFuncAndStopFunc(t *testing.T) {
 	c := newCluster(t, 0, testOptions())
 	n := c.join("solo")
 	doCause, stopCause := make(chan error, 1), make(chan error, 1)
-	running := make(chan struct{})
-	err := n.r.UpdateController("job", controller.ControllerParams{
+	running, stopping := make(chan struct{}), make(chan struct{})
+	err := n.r.UpdateController("runs", controller.ControllerParams{
 		DoFunc: func(ctx context.Context) error {
 			select {
 			case running <- struct{}{}:
@@ -74,7 +75,14 @@ func TestFenceCancelsDoFuncAndStopFunc(t *testing.T) {
 			}
 			return nil
 		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = n.r.UpdateController("stops", controller.ControllerParams{
+		DoFunc: func(context.Context) error { return nil },
 		StopFunc: func(ctx context.Context) error {
+			close(stopping)
 			<-ctx.Done()
 			stopCause <- context.Cause(ctx)
 			return nil
@@ -84,6 +92,11 @@ func TestFenceCancelsDoFuncAndStopFunc(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-running
+	waitFor(t, "stops to run", func() bool { return n.r.inner.Lookup("stops") != nil })
+	if err := n.r.RemoveController("stops"); err != nil {
+		t.Fatal(err)
+	}
+	<-stopping
 	cut := time.Now()
 	n.proxy.cut()
 	for name, ch := range map[string]chan error{"DoFunc": doCause, "StopFunc": stopCause} {

@@ -348,6 +348,14 @@ func (r *Replica) installLocked(name string, s *slot, p controller.ControllerPar
 	}
 	if stop != nil {
 		p.StopFunc = func(ctx context.Context) error {
+			// Once the fence has passed, no StopFunc starts, as after a
+			// crash: the DoFunc may have used the Margin between the
+			// fence and the earliest expiry of the lease, and the next
+			// holder may start after that. The clock is read, so a fence
+			// whose timer is late counts as passed.
+			if !f.open() {
+				return nil
+			}
 			ctx, cancel := context.WithCancelCause(ctx)
 			defer cancel(context.Canceled)
 			defer context.AfterFunc(fenceCtx, func() { cancel(ErrFencePassed) })()

@@ -1,0 +1,131 @@
+// Replicas at the edges, against etcd: user code that uses all of its
+// Margin, a DoFunc that waits on another name, StopFuncs that ignore
+// their context, and a member key deleted under a live lease.
+
+package ha
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bgctl/controller"
+)
+
+// slowParams are a recorder's params whose DoFunc and StopFunc each go on
+// for most of Margin after their cancellation: the contract allows it, so
+// the next holder must not start before they returned. With ignoreCtx the
+// StopFunc takes five Margins instead, whatever its context says.
+func slowParams(rec *recorder, replica, name string, margin time.Duration, ignoreCtx bool) controller.ControllerParams {
+	lingers := margin * 9 / 10
+	return controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			i := rec.begin(replica, name)
+			<-ctx.Done()
+			time.Sleep(lingers) // work past the cancellation, within the contract
+			rec.finish(name, i)
+			return nil
+		},
+		StopFunc: func(ctx context.Context) error {
+			i := rec.begin(replica, name)
+			if ignoreCtx {
+				time.Sleep(5 * margin)
+			} else {
+				time.Sleep(lingers) // a StopFunc's work; its cancellation comes at the earliest at its start
+			}
+			rec.finish(name, i)
+			return nil
+		},
+		RunInterval:            5 * time.Millisecond,
+		ErrorRetryBaseDuration: 10 * time.Millisecond,
+	}
+}
+
+// A DoFunc that returns 0.9 × Margin after the fence passed, followed by a
+// StopFunc that takes as long again (or ignores its context) must not
+// overlap the next holder: a replica runs no StopFunc once its fence has
+// passed, as after a crash.
+func TestStopFuncAfterAFencePassNeverOverlapsTheNextHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ignoreCtx bool
+	}{{"StopFunc uses its Margin", false}, {"StopFunc ignores its context", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for run := range 3 {
+				opts := testOptions()
+				opts.Mode = Leader
+				c := newCluster(t, 0, opts)
+				a := c.joinEmpty("a")
+				if err := a.r.UpdateController("job", slowParams(c.rec, "a", "job", opts.Margin, tc.ignoreCtx)); err != nil {
+					t.Fatal(err)
+				}
+				c.waitPlacement(map[string]string{"job": "a"}, 10*time.Second)
+				b := c.joinEmpty("b")
+				if err := b.r.UpdateController("job", slowParams(c.rec, "b", "job", opts.Margin, tc.ignoreCtx)); err != nil {
+					t.Fatal(err)
+				}
+				a.proxy.cut()
+				c.waitPlacement(map[string]string{"job": "b"}, opts.TTL+10*time.Second)
+				time.Sleep(5 * opts.Margin) // let a StopFunc that ignores its context end, to be recorded
+				c.rec.assertNoOverlap(t)
+				if t.Failed() {
+					t.Fatalf("run %d overlapped", run)
+				}
+				a.proxy.heal()
+				for _, n := range c.nodes {
+					// A StopFunc that ignores its context may outlive
+					// Close's bound: Close then says so, which is not
+					// what this test is about.
+					term := n.r.inner.TerminationChannel("job")
+					n.cli.Close()
+					_ = n.r.Close()
+					<-term // the StopFunc Close gave up on
+					n.proxy.close()
+					delete(c.nodes, n.id)
+				}
+			}
+		})
+	}
+}
+
+// Once its fence has passed, a replica calls no StopFunc: the next holder
+// may start Margin after the fence, and the DoFunc may take that Margin.
+// A StopFunc already running when the fence passes is cancelled with
+// ErrFencePassed.
+func TestNoStopFuncStartsAfterTheFencePassed(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.join("solo")
+	var stopCalls atomic.Int32
+	running := make(chan struct{}, 1)
+	err := n.r.UpdateController("job", controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			select {
+			case running <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			return nil
+		},
+		StopFunc: func(ctx context.Context) error {
+			stopCalls.Add(1)
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	n.proxy.cut()
+	waitFor(t, "the fence to pass", func() bool { return n.r.Status().Lease == "" })
+	// endEpoch has removed the controller; wait for it to terminate.
+	select {
+	case <-n.r.inner.TerminationChannel("job"):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the controller did not terminate after the fence passed")
+	}
+	if got := stopCalls.Load(); got != 0 {
+		t.Errorf("StopFunc called %d times after the fence passed, want 0", got)
+	}
+	n.proxy.heal()
+}
