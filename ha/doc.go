@@ -99,8 +99,22 @@
 //     [Replica.RemoveControllerAndWait] on its own name: they wait for
 //     the DoFunc itself.
 //
-// StopFuncs run when a name leaves a replica; their context is cancelled
-// too when the fence passes, and they must return within Margin then.
+// StopFuncs run when a name leaves a replica while its fence is open;
+// their context is cancelled too when the fence passes, and they must
+// return within Margin then. Once the fence has passed, StopFuncs are not
+// called at all, as after a crash: clean-up that must happen whatever
+// becomes of a replica belongs to the next holder's first DoFunc.
+//
+// # Stopping, and what it waits for
+//
+// [Replica.Leave] keeps renewing the lease while the controllers stop,
+// and returns when its context ends, the lease then left to expire.
+// [Replica.Close] stops renewing at once and waits for the controllers
+// only until the lease may expire (the fence, then Margin): at most TTL
+// after it was called, whatever user code does. After a fence pass the
+// replica waits for every controller to terminate before it joins again;
+// [Replica.RemoveControllerAndWait] returns once the name's controller
+// has terminated, so a DoFunc may wait on another name.
 //
 // # Choosing TTL and Margin
 //

@@ -6,6 +6,7 @@ package ha
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,4 +129,115 @@ func TestNoStopFuncStartsAfterTheFencePassed(t *testing.T) {
 		t.Errorf("StopFunc called %d times after the fence passed, want 0", got)
 	}
 	n.proxy.heal()
+}
+
+// A DoFunc that waits in RemoveControllerAndWait for another name, whose
+// StopFunc waits for its context, when the fence passes: the replica must
+// not deadlock; once etcd answers again it holds a lease and runs the
+// DoFunc's name again, and Close returns.
+func TestDoFuncWaitingOnAnotherNameDoesNotHangAFencePass(t *testing.T) {
+	opts := testOptions()
+	c := newCluster(t, 0, opts)
+	n := c.join("solo")
+	r := n.r
+	var aRuns atomic.Int32
+	bStopping := make(chan struct{})
+	var removeOnce sync.Once
+	err := r.UpdateController("b", controller.ControllerParams{
+		DoFunc: func(context.Context) error { return nil },
+		StopFunc: func(ctx context.Context) error {
+			close(bStopping)
+			<-ctx.Done()
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to run", func() bool { return r.inner.Lookup("b") != nil })
+	err = r.UpdateController("a", controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			aRuns.Add(1)
+			var err error
+			removeOnce.Do(func() { err = r.RemoveControllerAndWait("b") })
+			return err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-bStopping // a's DoFunc waits for b's StopFunc, which waits for the fence
+	n.proxy.cut()
+	waitFor(t, "the fence to pass", func() bool { return r.Status().Lease == "" })
+	n.proxy.heal()
+	healed := time.Now()
+	deadline := healed.Add(3*opts.TTL + 5*time.Second)
+	for r.Status().Lease == "" || aRuns.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the heal: lease %q, a ran %d times; the replica hangs", time.Since(healed), r.Status().Lease, aRuns.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }() // joined below
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-time.After(opts.TTL + 5*time.Second):
+		t.Fatal("Close hangs")
+	}
+	delete(c.nodes, n.id)
+	n.cli.Close()
+}
+
+// Close gives up every name within TTL of being called, whatever a
+// StopFunc does: it stops renewing the lease at once, so the names move
+// to another replica when the lease expires, and it returns by then with
+// an error naming the controller still stopping.
+func TestCloseGivesUpEveryNameWithinTTLWhateverAStopFuncDoes(t *testing.T) {
+	opts := testOptions()
+	opts.Mode = Leader
+	c := newCluster(t, 3, opts)
+	a := c.join("a")
+	unblock := make(chan struct{})
+	defer close(unblock)
+	err := a.r.UpdateController("stuck", controller.ControllerParams{
+		DoFunc:   func(context.Context) error { return nil },
+		StopFunc: func(context.Context) error { <-unblock; return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "stuck to run", func() bool { return a.r.inner.Lookup("stuck") != nil })
+	c.waitPlacement(c.expected([]string{"a"}), 10*time.Second)
+	b := c.join("b")
+
+	called := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- a.r.Close() }() // joined below, or after unblock
+	select {
+	case err := <-closed:
+		took := time.Since(called)
+		t.Logf("Close returned after %v: %v", took, err)
+		if err == nil {
+			t.Error("Close returned nil with a StopFunc still running")
+		}
+		if took > opts.TTL+time.Second {
+			t.Errorf("Close took %v, more than TTL (%v)", took, opts.TTL)
+		}
+	case <-time.After(opts.TTL + 5*time.Second):
+		t.Errorf("Close still blocked %v after it was called", time.Since(called))
+		unblock <- struct{}{}
+		<-closed
+	}
+	moved := c.waitPlacement(c.expected([]string{"b"}), opts.TTL+10*time.Second)
+	if since := time.Since(called); since > opts.TTL+3*time.Second {
+		t.Errorf("the names moved %v after Close was called (%v after it returned), want within TTL + the expiry sweep", since, moved)
+	}
+	c.rec.assertNoOverlap(t)
+	delete(c.nodes, "a")
+	a.cli.Close()
+	_ = b
 }

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,12 +21,17 @@ import (
 // joins again with a new lease.
 type epoch struct {
 	// Immutable.
-	lease   clientv3.LeaseID
-	fence   *fence
-	ctx     context.Context    // ends with the epoch: its requests stop
-	cancel  context.CancelFunc // called by endEpoch
-	results chan result        // workers → loop; a worker gives up sending once ctx ends
-	sem     chan struct{}      // bounds the etcd requests of the workers in flight
+	lease  clientv3.LeaseID
+	fence  *fence
+	ctx    context.Context    // ends with the epoch: its requests stop
+	cancel context.CancelFunc // called by endEpoch
+	renew  context.Context    // the keepalives' context: ends with ctx, or earlier by stopRenew
+	// stopRenew ends the keepalives (Close stops renewing at once, so the
+	// lease expires within TTL whatever the controllers do).
+	stopRenew context.CancelFunc
+	renewed   chan struct{} // closed when the keepalive goroutine has returned
+	results   chan result   // workers → loop; a worker gives up sending once ctx ends
+	sem       chan struct{} // bounds the etcd requests of the workers in flight
 
 	// wg counts the keepalive goroutine and the workers: each is owned by
 	// the loop and joined in endEpoch.
@@ -99,6 +106,8 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		sem:     make(chan struct{}, maxInFlight),
 	}
 	ep.ctx, ep.cancel = context.WithCancel(context.Background())
+	ep.renew, ep.stopRenew = context.WithCancel(ep.ctx)
+	ep.renewed = make(chan struct{})
 	r.mu.Lock()
 	r.lease, r.fence = g.ID, f
 	r.allDirty = true
@@ -115,14 +124,15 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 // lease, which counts from the request's arrival. One request is in
 // flight at a time, and it may take as long as the fence has left: under
 // load a slow answer still extends the fence, where a shorter timeout
-// would throw it away. It ends with the epoch or the fence; owned by the
-// loop, joined through ep.wg.
+// would throw it away. It ends with the epoch, the fence, or stopRenew;
+// owned by the loop, joined through ep.wg and ep.renewed.
 func (r *Replica) keepAlive(ep *epoch) {
 	defer ep.wg.Done()
+	defer close(ep.renewed)
 	every := r.opts.keepAliveEvery()
 	for {
 		sent := time.Now()
-		ctx, cancel := context.WithTimeout(ep.ctx, max(ep.fence.remaining(), every))
+		ctx, cancel := context.WithTimeout(ep.renew, max(ep.fence.remaining(), every))
 		resp, err := r.cli.KeepAliveOnce(ctx, ep.lease)
 		cancel()
 		switch {
@@ -135,7 +145,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 		}
 		t := time.NewTimer(time.Until(sent.Add(every)))
 		select {
-		case <-ep.ctx.Done():
+		case <-ep.renew.Done():
 			t.Stop()
 			return
 		case <-ep.fence.ctx.Done():
@@ -156,8 +166,9 @@ func (r *Replica) run(ep *epoch) {
 	defer close(r.done)
 	for {
 		req := r.serve(ep)
-		r.stopErr = r.endEpoch(ep, req)
-		if req != nil {
+		var stopped *stopRequest
+		stopped, r.stopErr = r.endEpoch(ep, req)
+		if stopped != nil {
 			return
 		}
 		ep, req = r.rejoin(ep.lease)
@@ -194,12 +205,27 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 	}
 }
 
-// endEpoch stops every controller and waits until they have terminated,
-// joins the epoch's goroutines, and then, for Leave or a passed fence,
-// revokes the lease: that deletes the member key and every claim at once,
-// so it must come after the controllers stopped, never before. req is
-// nil when the fence passed.
-func (r *Replica) endEpoch(ep *epoch, req *stopRequest) error {
+// endEpoch ends ep: it takes every slot from the replica, removes every
+// controller, waits for them as the reason allows, joins the epoch's
+// goroutines, and then revokes the lease or leaves it to expire. The
+// revocation deletes the member key and every claim at once, so it comes
+// only once every controller has terminated, never before.
+//
+//	reason        lease while it waits    waits until every controller stopped, or
+//	fence passed  lost (fence passed)     a stop request; then as for that request
+//	Close         no longer renewed       the lease may expire: fence + Margin, at most TTL after Close
+//	Leave         renewed                 Leave's context ends
+//
+// After a fence pass no StopFunc starts (see installLocked), and a
+// controller still running Margin after it is logged: it breaks the
+// contract, and may overlap the next holder. req is nil when the fence
+// passed; endEpoch returns the stop request it served (nil: none, the
+// replica joins again) and the error for Leave or Close.
+func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
+	cause := ErrClosed
+	if req == nil {
+		cause = ErrFencePassed
+	}
 	r.mu.Lock()
 	slots := r.slots
 	r.slots = make(map[string]*slot)
@@ -208,25 +234,46 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) error {
 	clear(r.members)
 	clear(r.claims)
 	r.memberIDs, r.leader, r.viewRev = nil, "", 0
-	r.mu.Unlock()
-
-	var err error
-	switch {
-	case req == nil:
-		r.log.WithError(context.Cause(ep.fence.ctx)).Warn("fence passed: stopping every controller here until etcd answers again")
+	// Under mu, so that no install comes between: the slots are gone.
+	stopping := make([]stoppingController, 0, len(slots))
+	for name, s := range slots {
 		// The fence cancels the slots' contexts from goroutines of its
 		// own; cancel them here first, so that the removal's plain
 		// cancellation never comes first and hides the cause.
-		for _, s := range slots {
-			if s.cancel != nil {
-				s.cancel(ErrFencePassed)
-			}
+		s.abandon(cause)
+		stopping = append(stopping, stoppingController{name, r.inner.TerminationChannel(name)})
+	}
+	r.mu.Unlock()
+
+	var err error
+	var pending []string
+	switch {
+	case req == nil:
+		r.log.WithError(context.Cause(ep.fence.ctx)).Warn("fence passed: stopping every controller here, without their StopFuncs, until etcd answers again")
+		r.inner.RemoveAll()
+		inMargin, cancel := context.WithTimeout(context.Background(), r.opts.Margin)
+		pending, req = awaitStopped(stopping, inMargin.Done(), r.stopReq)
+		cancel()
+		if len(pending) > 0 && req == nil {
+			r.log.Warnf("still running %v after the fence passed, past their Margin: they may overlap the next holder: %s", r.opts.Margin, strings.Join(pending, ", "))
+			pending, req = awaitStopped(stopping, nil, r.stopReq)
 		}
-		r.inner.RemoveAllAndWait()
+		if req != nil && len(pending) > 0 {
+			// A stop request while controllers still stop: Close waits
+			// until the lease may expire, Leave until its context ends.
+			limit := ep.fence.passedAt().Add(r.opts.Margin)
+			if req.leave {
+				limit = time.Time{}
+			}
+			pending = awaitUntil(stopping, limit, req.ctx)
+		}
 	case req.leave:
 		err = r.inner.Shutdown(req.ctx)
 	default:
-		r.inner.RemoveAllAndWait()
+		ep.stopRenew()
+		<-ep.renewed // no answer extends the fence from here on
+		r.inner.RemoveAll()
+		pending = awaitUntil(stopping, ep.fence.passedAt().Add(r.opts.Margin), context.Background())
 	}
 	ep.fence.stop(ErrClosed)
 	ep.cancel()
@@ -240,23 +287,82 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) error {
 	for _, s := range slots {
 		s.end()
 	}
+
+	stillRunning := func(what string) error {
+		return fmt.Errorf("ha: %s: controllers still running, the lease is left to expire: %s", what, strings.Join(pending, ", "))
+	}
 	switch {
 	case req == nil:
 		ctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
 		defer cancel()
 		_, _ = r.cli.Revoke(ctx, ep.lease) // best effort: unreachable, it expires
-	case req.leave && err == nil:
+		return nil, nil
+	case req.leave && len(pending) > 0:
+		err = stillRunning("Leave")
+	case req.leave && err != nil:
+		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
+	case req.leave:
 		if _, err = r.cli.Revoke(req.ctx, ep.lease); err != nil {
 			err = fmt.Errorf("ha: Leave: revoking the lease (the names move when it expires): %w", err)
 		} else {
 			r.log.Info("left: every name released")
 		}
-	case req.leave:
-		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
+	case len(pending) > 0:
+		err = stillRunning("Close")
 	default:
 		r.log.Info("closed without leaving: the names move when the lease expires")
 	}
-	return err
+	return req, err
+}
+
+// stoppingController is a controller endEpoch waits for.
+type stoppingController struct {
+	name       string
+	terminated chan struct{}
+}
+
+// awaitStopped waits until every controller in cs has terminated, limit
+// fires, or a stop request comes from reqs (nil channels never do). It
+// returns the names of the controllers still running, sorted, and the
+// stop request.
+func awaitStopped(cs []stoppingController, limit <-chan struct{}, reqs <-chan stopRequest) ([]string, *stopRequest) {
+	for i, c := range cs {
+		select {
+		case <-c.terminated:
+			continue
+		case <-limit:
+			return stillRunning(cs[i:]), nil
+		case req := <-reqs:
+			return stillRunning(cs[i:]), &req
+		}
+	}
+	return nil, nil
+}
+
+// awaitUntil waits until every controller in cs has terminated, the time
+// limit passes (zero: none), or ctx ends, and returns the names of those
+// still running.
+func awaitUntil(cs []stoppingController, limit time.Time, ctx context.Context) []string {
+	if !limit.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, limit)
+		defer cancel()
+	}
+	pending, _ := awaitStopped(cs, ctx.Done(), nil)
+	return pending
+}
+
+func stillRunning(cs []stoppingController) []string {
+	var names []string
+	for _, c := range cs {
+		select {
+		case <-c.terminated:
+		default:
+			names = append(names, c.name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // stopBetweenEpochs serves a stop request that came while no lease was
@@ -278,11 +384,14 @@ func (r *Replica) Leave(ctx context.Context) error {
 	return r.stop(stopRequest{ctx: ctx, leave: true})
 }
 
-// Close stops every controller of this replica and waits until they and
-// the replica's goroutines have ended, without telling etcd: the member
-// key and the claims stay until the lease expires, as after a crash. Use
-// Leave to hand the names over at once. Later calls return the first
-// call's error.
+// Close stops every controller of this replica and stops renewing its
+// lease at once, without telling etcd: the member key and the claims stay
+// until the lease expires, as after a crash. It waits for the controllers
+// (StopFuncs run while the fence is open) and the replica's goroutines,
+// but never past the moment the lease may expire, at most TTL after the
+// call; controllers still running then are named in the error, and their
+// names may start elsewhere. Use Leave to hand the names over at once.
+// Later calls return the first call's error.
 func (r *Replica) Close() error {
 	return r.stop(stopRequest{ctx: context.Background()})
 }

@@ -102,6 +102,14 @@ func (f *fence) remaining() time.Duration {
 	return max(time.Until(f.deadline), 0)
 }
 
+// passedAt returns when the fence passes, or passed, by its deadline: the
+// lease cannot expire on the server before passedAt() + Margin.
+func (f *fence) passedAt() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.deadline
+}
+
 // stop passes the fence (if it has not) and stops its timer.
 func (f *fence) stop(cause error) {
 	f.mu.Lock()

@@ -194,13 +194,14 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		if c, held := r.claims[name]; held && c.lease != ep.lease {
 			return // held elsewhere: wait until its key is deleted
 		}
-		s = &slot{state: acquiring, done: make(chan struct{})}
+		s = newSlot(acquiring)
 		r.slots[name] = s
 		ep.wg.Add(1)
 		go r.acquire(ep, name) // owned by the loop; joined by endEpoch through ep.wg
 	case s == nil:
 		if c, held := r.claims[name]; held && c.lease == ep.lease {
-			s = &slot{claim: Claim{Key: r.keys.claims + name, Revision: c.rev}, done: make(chan struct{})}
+			s = newSlot(releasing)
+			s.claim = Claim{Key: r.keys.claims + name, Revision: c.rev}
 			r.slots[name] = s
 			r.releaseLocked(ep, name, s, false)
 		}

@@ -125,6 +125,21 @@ type slot struct {
 	cancel  context.CancelCauseFunc
 	unhook  func() bool   // stops the fence from cancelling ctx
 	done    chan struct{} // closed when the slot ends
+	lost    chan struct{} // closed when the epoch ends under the slot, before its controller is waited for
+}
+
+func newSlot(state slotState) *slot {
+	return &slot{state: state, done: make(chan struct{}), lost: make(chan struct{})}
+}
+
+// abandon cancels the slot's context with cause as its epoch ends, and
+// wakes those who wait for the name to stop here: from now on they wait
+// for its controller alone (see RemoveControllerAndWait).
+func (s *slot) abandon(cause error) {
+	if s.cancel != nil {
+		s.cancel(cause)
+	}
+	close(s.lost)
 }
 
 // end releases the slot's context and wakes those waiting for it.
@@ -238,33 +253,49 @@ func (r *Replica) TriggerController(name string) bool {
 // error wraps [controller.ErrControllerNotFound] for a name not
 // registered.
 func (r *Replica) RemoveController(name string) error {
-	_, err := r.unregister(name)
+	_, _, err := r.unregister(name)
 	return err
 }
 
 // RemoveControllerAndWait is [Replica.RemoveController], then waits until
 // the name no longer runs on this replica and its claim is released, or
-// the replica has closed.
+// the replica has closed. When the replica's epoch ends meanwhile (its
+// fence passed), the claim is given up with the lease, and it waits only
+// until the controller has terminated: a DoFunc may call it for another
+// name without keeping its own replica from stopping.
 func (r *Replica) RemoveControllerAndWait(name string) error {
-	s, err := r.unregister(name)
+	s, term, err := r.unregister(name)
 	if err == nil && s != nil {
 		select {
 		case <-s.done:
 		case <-r.done:
+		case <-s.lost:
+			select {
+			case <-term:
+			case <-r.done:
+			}
 		}
 	}
 	return err
 }
 
-func (r *Replica) unregister(name string) (*slot, error) {
+// unregister forgets name's registration and returns its slot, if any,
+// with the termination channel of its controller (closed when none is
+// installed).
+func (r *Replica) unregister(name string) (*slot, chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.regs[name]; !ok {
-		return nil, fmt.Errorf("ha: %w: %q", controller.ErrControllerNotFound, name)
+		return nil, nil, fmt.Errorf("ha: %w: %q", controller.ErrControllerNotFound, name)
 	}
 	delete(r.regs, name)
 	r.markDirtyLocked(name)
-	return r.slots[name], nil
+	s := r.slots[name]
+	if s == nil {
+		return nil, nil, nil
+	}
+	// Taken before the loop removes the controller, which forgets the name.
+	return s, r.inner.TerminationChannel(name), nil
 }
 
 // GetStatusModel returns the status of the controllers running on this
