@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/bgctl/controller"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // slowParams are a recorder's params whose DoFunc and StopFunc each go on
@@ -240,4 +241,33 @@ func TestCloseGivesUpEveryNameWithinTTLWhateverAStopFuncDoes(t *testing.T) {
 	delete(c.nodes, "a")
 	a.cli.Close()
 	_ = b
+}
+
+// A replica whose member key was deleted under its live lease (an
+// operator, a guarded move that lost a race) writes it again, and goes on
+// running its names: it must not drop out of its own view for good.
+func TestLostMemberKeyIsWrittenAgain(t *testing.T) {
+	c := newCluster(t, 3, testOptions())
+	n := c.join("solo")
+	c.waitPlacement(c.expected([]string{"solo"}), 10*time.Second)
+	key := c.prefix + "/members/solo"
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := n.cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the member key to be written again", func() bool {
+		got, err := n.cli.Get(ctx, key)
+		if err != nil || len(got.Kvs) != 1 {
+			return false
+		}
+		n.r.mu.Lock()
+		defer n.r.mu.Unlock()
+		return clientv3.LeaseID(got.Kvs[0].Lease) == n.r.lease
+	})
+	c.waitPlacement(c.expected([]string{"solo"}), 10*time.Second)
+	if st := n.r.Status(); len(st.Members) != 1 || st.Members[0] != "solo" {
+		t.Errorf("members in the replica's view: %v, want [solo]", st.Members)
+	}
+	c.rec.assertNoOverlap(t)
 }

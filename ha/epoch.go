@@ -41,6 +41,7 @@ type epoch struct {
 	watch       clientv3.WatchChan // nil: to (re)start
 	watchCancel context.CancelFunc
 	retry       *time.Timer // pending relist or acquire retry; nil: none
+	rewriting   bool        // a rewriteMember worker is out
 	retryNames  []string    // names to reconcile when retry fires
 }
 
@@ -76,24 +77,25 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	mctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
 	defer cancel()
 	key := r.keys.members + r.opts.ID
-	resp, err := r.cli.Txn(mctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(g.ID))).
-		Else(clientv3.OpGet(key)).Commit()
+	created, kv, _, err := r.createIfAbsent(mctx, key, g.ID)
 	if err != nil {
 		return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
 	}
-	if !resp.Succeeded {
-		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 1 && (prev == 0 || clientv3.LeaseID(kvs[0].Lease) != prev) {
-			return fail(fmt.Errorf("%w: %q (member key %q is held by lease %x)", ErrDuplicateID, r.opts.ID, key, kvs[0].Lease))
+	if !created {
+		if kv != nil && (prev == 0 || clientv3.LeaseID(kv.Lease) != prev) {
+			return fail(fmt.Errorf("%w: %q (member key %q is held by lease %x)", ErrDuplicateID, r.opts.ID, key, kv.Lease))
 		}
-		// Our own key from the previous epoch: ours. (The Else read the
-		// key in the same transaction, so len(kvs) is 1. This Put is not
-		// guarded by prev's lease; a replica of the same ID joining in
-		// between would be overwritten.)
-		if _, err := r.cli.Put(mctx, key, r.opts.ID, clientv3.WithLease(g.ID)); err != nil {
+		// Our own key from the previous epoch: move it to the new lease,
+		// guarded by the old one, so that a key a replica of the same ID
+		// wrote meanwhile (our old lease expired) is never taken over.
+		moved, err := r.cli.Txn(mctx).
+			If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(prev))).
+			Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(g.ID))).Commit()
+		switch {
+		case err != nil:
 			return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
+		case !moved.Succeeded:
+			return fail(fmt.Errorf("ha: member key %q changed while it was moved to the new lease; trying again", key))
 		}
 	}
 	if !f.open() {

@@ -4,6 +4,7 @@ package ha
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -21,6 +22,7 @@ type resultKind uint8
 const (
 	acquired resultKind = iota // the claim is ours (ok) or held by another
 	released                   // the controller terminated and the claim is deleted
+	rewrote                    // the member key is ours again (ok) or held under another lease
 )
 
 // result is a worker's report to the loop.
@@ -45,6 +47,7 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 			}
 		}
 		r.reconcile(ep)
+		r.keepMemberKey(ep)
 		var retry <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
@@ -121,6 +124,9 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 		}
 		key := string(ev.Kv.Key)
 		if id, ok := strings.CutPrefix(key, r.keys.members); ok {
+			if id == r.opts.ID {
+				r.memberLost = true
+			}
 			if _, had := r.members[id]; had {
 				delete(r.members, id)
 				r.membershipChangedLocked()
@@ -136,6 +142,9 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 func (r *Replica) putLocked(kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
 	if id, ok := strings.CutPrefix(key, r.keys.members); ok {
+		if id == r.opts.ID && clientv3.LeaseID(kv.Lease) != r.lease {
+			r.memberLost = true
+		}
 		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
 			r.members[id] = kv.CreateRevision
 			r.membershipChangedLocked()
@@ -230,21 +239,17 @@ func (r *Replica) acquire(ep *epoch, name string) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
-	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(ep.lease))).
-		Else(clientv3.OpGet(key)).Commit()
+	created, kv, hdr, err := r.createIfAbsent(ctx, key, ep.lease)
 	cancel()
 	<-ep.sem
 	switch {
 	case err != nil:
 		res.err = err
-	case resp.Succeeded:
-		res.ok, res.rev = true, resp.Header.Revision
+	case created:
+		res.ok, res.rev = true, hdr
 	default:
-		res.hdr = resp.Header.Revision
-		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
-			kv := kvs[0]
+		res.hdr = hdr
+		if kv != nil {
 			if clientv3.LeaseID(kv.Lease) == ep.lease {
 				res.ok, res.rev = true, kv.CreateRevision
 			} else {
@@ -304,21 +309,107 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 		if err == nil {
 			break
 		}
-		t := time.NewTimer(retryAfter)
-		select {
-		case <-ep.ctx.Done():
-			t.Stop()
+		if !pause(ep.ctx, retryAfter) {
 			return
-		case <-t.C:
 		}
 	}
 	r.report(ep, res)
+}
+
+// keepMemberKey writes the member key again when the watch showed it
+// deleted or taken under the live lease (an operator, a same-ID replica):
+// without it the replica drops out of its own view and runs nothing while
+// it renews its lease. One worker at a time.
+func (r *Replica) keepMemberKey(ep *epoch) {
+	r.mu.Lock()
+	start := r.memberLost && !ep.rewriting
+	if start {
+		r.memberLost, ep.rewriting = false, true
+	}
+	r.mu.Unlock()
+	if start {
+		ep.wg.Add(1)
+		go r.rewriteMember(ep) // owned by the loop; joined by endEpoch through ep.wg
+	}
+}
+
+// rewriteMember creates the member key under the epoch's lease if it is
+// absent, retrying until etcd answers or the epoch ends, and reports
+// whether the key is ours.
+func (r *Replica) rewriteMember(ep *epoch) {
+	defer ep.wg.Done()
+	key := r.keys.members + r.opts.ID
+	for {
+		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+		created, kv, _, err := r.createIfAbsent(ctx, key, ep.lease)
+		cancel()
+		if err == nil {
+			res := result{kind: rewrote, ok: created}
+			if kv != nil {
+				res.ok = clientv3.LeaseID(kv.Lease) == ep.lease
+				res.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+			}
+			r.report(ep, res)
+			return
+		}
+		if !pause(ep.ctx, retryAfter) {
+			return
+		}
+	}
+}
+
+// createIfAbsent creates key, holding this replica's ID, under lease if
+// the key does not exist, and reads it otherwise, in one transaction. It
+// returns whether it created the key, the key it found instead (nil when
+// it created it), and the transaction's header revision.
+func (r *Replica) createIfAbsent(ctx context.Context, key string, lease clientv3.LeaseID) (created bool, found *mvccpb.KeyValue, hdr int64, err error) {
+	resp, err := r.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return false, nil, 0, err
+	}
+	if resp.Succeeded {
+		return true, nil, resp.Header.Revision, nil
+	}
+	// The Else read the key in the same transaction: it exists.
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		found = kvs[0]
+	}
+	return false, found, resp.Header.Revision, nil
+}
+
+// pause waits for d, and reports false if ctx ended first.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // handle applies a worker's report.
 func (r *Replica) handle(ep *epoch, res result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if res.kind == rewrote {
+		ep.rewriting = false
+		switch {
+		case res.ok:
+			r.log.Warn("member key was deleted under the live lease: written again")
+		case res.view != nil:
+			// Another lease holds our ID: stop everything and join
+			// again, which fails with ErrDuplicateID while it lives.
+			ep.fence.expire(fmt.Errorf("%w: member key %s held by lease %x", ErrDuplicateID, r.keys.members+r.opts.ID, int64(res.view.lease)))
+		default:
+			r.memberLost = true // deleted again meanwhile
+		}
+		return
+	}
 	s := r.slots[res.name]
 	if s == nil {
 		return

@@ -56,6 +56,7 @@ type Replica struct {
 	//	slots                                   the loop; UpdateController rebinds a running slot's context
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
+	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
 	//
 	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
@@ -73,7 +74,10 @@ type Replica struct {
 	viewRev   int64                                  // the etcd revision the view is at
 	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
 	fence     *fence                                 // of the current epoch; a passed one between epochs
-	closed    bool                                   // Leave or Close was called
+	// memberLost: the watch showed this replica's member key deleted, or
+	// written under another lease, while this epoch's lease lives.
+	memberLost bool
+	closed     bool // Leave or Close was called
 }
 
 // keys are the etcd keys and prefixes of one Options.Prefix.
