@@ -265,9 +265,10 @@ func TestLostMemberKeyIsWrittenAgain(t *testing.T) {
 		defer n.r.mu.Unlock()
 		return clientv3.LeaseID(got.Kvs[0].Lease) == n.r.lease
 	})
+	waitFor(t, "the replica to see itself again", func() bool {
+		st := n.r.Status()
+		return len(st.Members) == 1 && st.Members[0] == "solo"
+	})
 	c.waitPlacement(c.expected([]string{"solo"}), 10*time.Second)
-	if st := n.r.Status(); len(st.Members) != 1 || st.Members[0] != "solo" {
-		t.Errorf("members in the replica's view: %v, want [solo]", st.Members)
-	}
 	c.rec.assertNoOverlap(t)
 }

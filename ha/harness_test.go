@@ -186,6 +186,12 @@ type cluster struct {
 	names  []string
 	rec    *recorder
 	nodes  map[string]*node // live ones, by ID
+
+	// params gives the ControllerParams a node registers name with;
+	// nil: the recorder's.
+	params func(n *node, name string) controller.ControllerParams
+	// slowestStop is the longest Close or Leave of the test so far.
+	slowestStop time.Duration
 }
 
 // testOptions are short enough for quick tests and long enough for -race
@@ -272,7 +278,11 @@ func (c *cluster) join(id string) *node {
 func (c *cluster) register(n *node) {
 	c.t.Helper()
 	for _, name := range c.names {
-		if err := n.r.UpdateController(name, c.rec.params(n.id, name)); err != nil {
+		p := c.rec.params(n.id, name)
+		if c.params != nil {
+			p = c.params(n, name)
+		}
+		if err := n.r.UpdateController(name, p); err != nil {
 			c.t.Fatal(err)
 		}
 	}
@@ -298,24 +308,40 @@ func (c *cluster) joinEmpty(id string) *node {
 
 // crash closes the node's client without revoking its lease, then stops
 // the replica without telling etcd anything.
+// Close must return within TTL of the call whatever the controllers do;
+// Leave when its context ends. The slack is for a loaded machine.
 func (c *cluster) crash(n *node) {
 	n.cli.Close()
+	start := time.Now()
 	if err := n.r.Close(); err != nil {
 		c.t.Errorf("Close(%s): %v", n.id, err)
 	}
+	c.stopTook("Close", n, time.Since(start), c.opts.TTL)
 	n.proxy.close()
 	delete(c.nodes, n.id)
 }
 
 func (c *cluster) leave(n *node) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	const limit = 10 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
+	start := time.Now()
 	if err := n.r.Leave(ctx); err != nil {
 		c.t.Errorf("Leave(%s): %v", n.id, err)
 	}
+	c.stopTook("Leave", n, time.Since(start), limit)
 	n.cli.Close()
 	n.proxy.close()
 	delete(c.nodes, n.id)
+}
+
+// stopTook records how long a Close or Leave took, and fails the test
+// when it passed its bound by more than a second.
+func (c *cluster) stopTook(what string, n *node, took, bound time.Duration) {
+	c.slowestStop = max(c.slowestStop, took)
+	if took > bound+time.Second {
+		c.t.Errorf("%s(%s) took %v, past its bound %v", what, n.id, took, bound)
+	}
 }
 
 // startThree joins r0, r1 and r2, waits until the names are spread over

@@ -3,6 +3,7 @@
 package ha
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bgctl/controller"
 )
 
 var (
@@ -30,6 +33,7 @@ func TestRandomSchedule(t *testing.T) {
 	t.Logf("seed %d (replay: go test -race -run TestRandomSchedule -ha.seed=%d -ha.schedule=%v)", seed, seed, *scheduleFor)
 	rng := rand.New(rand.NewPCG(seed, 0x4841))
 	c := newCluster(t, 60, testOptions())
+	c.params = c.hostileParams
 	for _, id := range []string{"r0", "r1", "r2"} {
 		c.join(id)
 	}
@@ -52,7 +56,7 @@ func TestRandomSchedule(t *testing.T) {
 	// The pauses alone add up to the schedule's duration, so the number of
 	// steps depends on the seed only; the operations take more time on top.
 	for paused := time.Duration(0); paused < *scheduleFor; {
-		op := rng.IntN(5)
+		op := rng.IntN(6)
 		if len(c.nodes) < 2 {
 			op = 3 // keep two replicas or more, so the end has names to spread
 		}
@@ -83,6 +87,10 @@ func TestRandomSchedule(t *testing.T) {
 			ns := live(reachable)
 			c.leave(ns[rng.IntN(len(ns))])
 			ops["leave"]++
+		case op == 5 && len(live(reachable)) >= 1:
+			ns := live(reachable)
+			c.deleteMemberKey(ns[rng.IntN(len(ns))])
+			ops["member key deleted"]++
 		default:
 			ops["pause"]++
 		}
@@ -102,8 +110,52 @@ func TestRandomSchedule(t *testing.T) {
 		ids = append(ids, id)
 	}
 	took := c.waitPlacement(c.expected(ids), c.opts.TTL+10*time.Second)
-	t.Logf("schedule of %v (seed %d): %v; converged on %v %v after the last heal", *scheduleFor, seed, ops, ids, took)
+	t.Logf("schedule of %v (seed %d): %v; converged on %v %v after the last heal; slowest Close or Leave %v",
+		*scheduleFor, seed, ops, ids, took, c.slowestStop)
+	for _, n := range live(everyone) {
+		if st := n.r.Status(); st.Lease == "" || !slices.Contains(st.Members, n.id) {
+			t.Errorf("%s ends the schedule with lease %q and members %v", n.id, st.Lease, st.Members)
+		}
+	}
 	c.rec.assertNoOverlap(t)
+}
+
+// hostileParams are what the schedule registers: most names are the
+// recorder's; every fourth name from the second lingers for 0.9 × Margin
+// after its DoFunc's cancellation and in its StopFunc, as the contract
+// allows; every fourth from the third has a DoFunc that, each time it
+// starts, waits in RemoveControllerAndWait for the name after it and then
+// registers that name again.
+func (c *cluster) hostileParams(n *node, name string) controller.ControllerParams {
+	i := slices.Index(c.names, name)
+	switch i % 4 {
+	case 1:
+		return slowParams(c.rec, n.id, name, c.opts.Margin, false)
+	case 2:
+		other := c.names[(i+1)%len(c.names)]
+		p := c.rec.params(n.id, name)
+		p.DoFunc = func(ctx context.Context) error {
+			j := c.rec.begin(n.id, name)
+			if err := n.r.RemoveControllerAndWait(other); err == nil {
+				_ = n.r.UpdateController(other, c.rec.params(n.id, other))
+			}
+			<-ctx.Done()
+			c.rec.finish(name, j)
+			return nil
+		}
+		return p
+	}
+	return c.rec.params(n.id, name)
+}
+
+// deleteMemberKey deletes n's member key behind its back, as an operator
+// might: n must write it again.
+func (c *cluster) deleteMemberKey(n *node) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := n.cli.Delete(ctx, c.prefix+"/members/"+n.id); err != nil {
+		c.t.Logf("deleting %s's member key: %v", n.id, err)
+	}
 }
 
 // TestScaleMeasurement measures, for -ha.scale names over three replicas,
