@@ -1,9 +1,11 @@
-// Examples for the package documentation. They need an etcd, so they are
-// compiled but not run; examples/replicas is the runnable program.
+// Examples for the package documentation. Those that join need an etcd,
+// so they are compiled but not run; examples/replicas is the runnable
+// program.
 package ha_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"time"
 
@@ -60,4 +62,37 @@ func ExampleClaim_Held() {
 		return nil
 	}
 	_ = doFunc
+}
+
+// registerSync is service code written once: it registers the service's
+// controllers on Controllers, a Replica or Local of a Manager.
+func registerSync(c ha.Controllers, synced chan<- struct{}) error {
+	return c.UpdateController("sync", controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			select {
+			case synced <- struct{}{}:
+			default:
+			}
+			return nil
+		},
+		RunInterval: time.Minute,
+	})
+}
+
+// Where the service runs alone, Local runs every controller in this
+// process, on a Manager; the registering code is the one that registers on
+// a Replica.
+func ExampleLocal() {
+	m := controller.NewManager(controller.WithMetrics(nil))
+	c := ha.Local(m)
+	synced := make(chan struct{}, 1)
+	if err := registerSync(c, synced); err != nil {
+		log.Fatal(err)
+	}
+	<-synced
+	fmt.Println("sync running here:", c.Running("sync"))
+	if err := m.Shutdown(context.Background()); err != nil {
+		log.Print(err)
+	}
+	// Output: sync running here: true
 }
