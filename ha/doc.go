@@ -7,9 +7,11 @@
 //
 // A service that embeds [github.com/bgctl/controller] and runs two or
 // three replicas for availability would otherwise run every controller on
-// every replica. With this package each replica [Join]s a group under an
-// etcd key prefix and registers all its controllers, exactly as it would
-// with a [controller.Manager]; each name then runs on one replica. In
+// every replica. With this package each replica registers all its
+// controllers, exactly as it would with a [controller.Manager], and joins
+// a group under an etcd key prefix ([New], then [Replica.Join]); each name
+// then runs on one replica. Code written against [Controllers] registers
+// on a [Replica] or, through [Local], on a Manager alone. In
 // [Spread] mode the names are spread over the live replicas by rendezvous
 // hashing, so a replica that joins or leaves moves only its share; in
 // [Leader] mode the oldest replica runs everything and the others wait.
@@ -31,6 +33,11 @@
 //   - if the claim exists under another lease, it waits for the key to go:
 //     deleted by the holder after its controller terminated, or by etcd
 //     when the holder's lease expired.
+//
+// A replica that has just joined claims a name nobody holds only after
+// Options.Settle, so that replicas started together see each other first
+// and none takes a share it would move at once; names another member
+// releases to it meanwhile it claims at once.
 //
 // [Replica.Leave] stops every controller, waits for them, then revokes the
 // lease, which deletes the member key and every claim at once: the other
@@ -116,6 +123,14 @@
 // [Replica.RemoveControllerAndWait] returns once the name's controller
 // has terminated, so a DoFunc may wait on another name.
 //
+// # What a program can wait on
+//
+// [Replica.Running] tells whether a name runs here, for the price of a
+// map lookup. [Replica.Events] delivers what happens on the replica, in
+// order: the lease gained, the fence passed, the lease lost, and each name
+// acquired or released here with the reason. To wait for a state,
+// subscribe, then read the state, then wait for the event that changes it.
+//
 // # Choosing TTL and Margin
 //
 // The defaults are TTL 10s and Margin TTL/4. A keepalive is sent every
@@ -136,10 +151,13 @@
 //
 // # Goroutines
 //
-// [Join] starts the replica's loop goroutine, which owns all others: the
-// keepalive goroutine of the current lease and the workers that create and
-// delete claims, joined when that lease's epoch ends. [Replica.Leave] and
-// [Replica.Close] join the loop. The controllers' goroutines belong to the
+// [New] starts none. [Replica.Join] starts the replica's loop goroutine,
+// which owns all others: the keepalive goroutine of the current lease and
+// the workers that create and delete claims, joined when that lease's
+// epoch ends. [Replica.Leave] and [Replica.Close] join the loop. Each
+// [Replica.Events] subscription has a goroutine that hands its events
+// over, owned by the subscriber: it ends when the subscriber's context
+// ends or after the replica's last event, closing the channel. The controllers' goroutines belong to the
 // replica's inner [controller.Manager], which removes and waits for them
 // whenever a name leaves the replica.
 package ha

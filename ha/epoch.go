@@ -4,6 +4,7 @@
 package ha
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,7 @@ type epoch struct {
 	watch       clientv3.WatchChan // nil: to (re)start
 	watchCancel context.CancelFunc
 	retry       *time.Timer // pending relist or acquire retry; nil: none
+	settle      *time.Timer // the first epoch's settling (Options.Settle); nil: none, or over
 	rewriting   bool        // a rewriteMember worker is out
 	retryNames  []string    // names to reconcile when retry fires
 }
@@ -117,6 +119,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	ep.wg.Add(1)
 	go r.keepAlive(ep) // joined by endEpoch through ep.wg
 	r.log.WithField("lease", fmt.Sprintf("%x", int64(g.ID))).Infof("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl)
+	r.emit(Event{Kind: LeaseGained, Lease: g.ID})
 	return ep, nil
 }
 
@@ -165,7 +168,7 @@ func isLeaseNotFound(err error) bool {
 // run is the loop goroutine: it serves one epoch after another until Leave
 // or Close. Started by Join; joined by Leave and Close through r.done.
 func (r *Replica) run(ep *epoch) {
-	defer close(r.done)
+	defer r.finish()
 	for {
 		req := r.serve(ep)
 		var stopped *stopRequest
@@ -224,13 +227,18 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 // passed; endEpoch returns the stop request it served (nil: none, the
 // replica joins again) and the error for Leave or Close.
 func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
-	cause := ErrClosed
-	if req == nil {
-		cause = ErrFencePassed
+	cause, reason := ErrClosed, ReasonClose
+	switch {
+	case req == nil:
+		cause, reason = ErrFencePassed, ReasonFence
+		r.emit(Event{Kind: FencePassed, Lease: ep.lease, Err: context.Cause(ep.fence.ctx)})
+	case req.leave:
+		reason = ReasonLeave
 	}
 	r.mu.Lock()
 	slots := r.slots
 	r.slots = make(map[string]*slot)
+	r.handed = nil
 	r.lease = 0
 	r.fence = ep.fence // done once the fence is stopped below
 	clear(r.members)
@@ -285,11 +293,25 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	if ep.retry != nil {
 		ep.retry.Stop()
 	}
-	ep.wg.Wait()
-	for _, s := range slots {
-		s.end()
+	if ep.settle != nil {
+		ep.settle.Stop()
 	}
+	ep.wg.Wait()
+	for name, s := range slots {
+		s.end()
+		if s.state == running || s.reason != "" {
+			r.emit(Event{Kind: Released, Lease: ep.lease, Name: name, Revision: s.claim.Revision, Reason: cmp.Or(s.reason, reason)})
+		}
+	}
+	err = r.giveUpLease(ep, req, pending, err)
+	r.emit(Event{Kind: LeaseLost, Lease: ep.lease, Reason: reason, Err: err})
+	return req, err
+}
 
+// giveUpLease revokes ep's lease, or leaves it to expire, as endEpoch's
+// table says, and returns the error for Leave or Close: err, that of the
+// controllers' shutdown, or one naming those still running (pending).
+func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err error) error {
 	stillRunning := func(what string) error {
 		return fmt.Errorf("ha: %s: controllers still running, the lease is left to expire: %s", what, strings.Join(pending, ", "))
 	}
@@ -298,7 +320,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
 		defer cancel()
 		_, _ = r.cli.Revoke(ctx, ep.lease) // best effort: unreachable, it expires
-		return nil, nil
+		return nil
 	case req.leave && len(pending) > 0:
 		err = stillRunning("Leave")
 	case req.leave && err != nil:
@@ -314,7 +336,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	default:
 		r.log.Info("closed without leaving: the names move when the lease expires")
 	}
-	return req, err
+	return err
 }
 
 // stoppingController is a controller endEpoch waits for.
@@ -405,9 +427,23 @@ func (r *Replica) stop(req stopRequest) error {
 	r.stopOnce.Do(func() {
 		r.mu.Lock()
 		r.closed = true
+		joined := r.joined
 		r.mu.Unlock()
-		r.stopReq <- req
+		if !joined {
+			r.finish() // no loop to stop: nothing runs, nothing is held
+			return
+		}
+		r.stopReq <- req // served by the loop, or by a Join that failed
 	})
 	<-r.done
 	return r.stopErr
+}
+
+// finish marks the replica stopped: it closes done, once, after stopErr was
+// written, and ends the event subscriptions after their last event. Called
+// by the loop as it ends, by a Join that failed after a stop request came,
+// or by the stop request when the replica never joined.
+func (r *Replica) finish() {
+	r.events.end()
+	close(r.done)
 }

@@ -111,6 +111,23 @@ func (rec *recorder) ranOn(replica string) int {
 	return n
 }
 
+// ranOnSeveral returns how many names ran (or stopped) on more than one
+// replica.
+func (rec *recorder) ranOnSeveral() int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	n := 0
+	for _, runs := range rec.runs {
+		for _, run := range runs[1:] {
+			if run.replica != runs[0].replica {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
 // placement returns where each name runs now.
 func (rec *recorder) placement() map[string]string {
 	rec.mu.Lock()
@@ -291,19 +308,37 @@ func (c *cluster) register(n *node) {
 // joinEmpty starts a replica named id with no names registered.
 func (c *cluster) joinEmpty(id string) *node {
 	c.t.Helper()
+	n := c.newNode(id)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.r.Join(ctx); err != nil {
+		c.t.Fatalf("Join(%s): %v", id, err)
+	}
+	return n
+}
+
+// newNode makes a replica named id, with its proxy and client, that has
+// not joined.
+func (c *cluster) newNode(id string) *node {
+	c.t.Helper()
 	n := &node{id: id, proxy: newProxy(c.t, testEtcd)}
 	n.cli = newClient(c.t, n.proxy.addr())
 	opts := c.opts
 	opts.Prefix, opts.ID = c.prefix, id
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := Join(ctx, n.cli, opts)
+	r, err := New(n.cli, opts)
 	if err != nil {
-		c.t.Fatalf("Join(%s): %v", id, err)
+		c.t.Fatalf("New(%s): %v", id, err)
 	}
 	n.r = r
 	c.nodes[id] = n
 	return n
+}
+
+// forget drops a node that has stopped, closing its client and proxy.
+func (c *cluster) forget(n *node) {
+	n.cli.Close()
+	n.proxy.close()
+	delete(c.nodes, n.id)
 }
 
 // crash closes the node's client without revoking its lease, then stops

@@ -75,6 +75,16 @@ type Options struct {
 	// the fence would pass). Zero: (TTL−Margin)/2.
 	RequestTimeout time.Duration
 
+	// Settle is how long a replica that has just joined ([Replica.Join],
+	// not a join again after its fence passed) waits before it claims a
+	// name nobody held meanwhile. Replicas started together then see each
+	// other before they claim, and none first takes a name that a replica
+	// starting a moment later owns, to move it at once. A name another
+	// member releases to it meanwhile (a join into a running group) is
+	// claimed at once. Spread mode only: in Leader mode a join moves
+	// nothing. Zero: 1s; negative: none.
+	Settle time.Duration
+
 	// Logger receives the replica's logs, with the field replica=<ID>,
 	// and its controllers' logs. Nil: logrus.StandardLogger().
 	Logger logrus.FieldLogger
@@ -91,6 +101,11 @@ var ErrInvalidOptions = errors.New("ha: invalid options")
 
 // defaultTTL is the lease TTL when Options.TTL is 0.
 const defaultTTL = 10 * time.Second
+
+// defaultSettle is Options.Settle when it is 0: longer than replicas
+// started together by one deployment usually take to write their member
+// keys, short beside a TTL.
+const defaultSettle = time.Second
 
 // normalize returns o with its defaults filled in, or an error naming every
 // bad field and wrapping ErrInvalidOptions.
@@ -129,6 +144,9 @@ func (o Options) normalize() (Options, error) {
 		bad("Margin must be > 0, got %v", o.Margin)
 	case o.Margin >= o.TTL:
 		bad("Margin must be less than TTL, got Margin %v with TTL %v", o.Margin, o.TTL)
+	}
+	if o.Settle == 0 {
+		o.Settle = defaultSettle
 	}
 	if o.RequestTimeout < 0 {
 		bad("RequestTimeout must not be negative, got %v", o.RequestTimeout)

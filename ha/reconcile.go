@@ -48,9 +48,12 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		}
 		r.reconcile(ep)
 		r.keepMemberKey(ep)
-		var retry <-chan time.Time
+		var retry, settled <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
+		}
+		if ep.settle != nil {
+			settled = ep.settle.C
 		}
 		select {
 		case <-ep.fence.ctx.Done():
@@ -68,6 +71,12 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		case <-r.wake:
 		case res := <-ep.results:
 			r.handle(ep, res)
+		case <-settled:
+			ep.settle = nil
+			r.mu.Lock()
+			r.handed = nil
+			r.allDirty = true
+			r.mu.Unlock()
 		case <-retry:
 			ep.retry = nil
 			r.mu.Lock()
@@ -134,6 +143,9 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 		} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
 			delete(r.claims, name)
 			r.dirty[name] = struct{}{}
+			if r.handed != nil {
+				r.handed[name] = struct{}{}
+			}
 		}
 	}
 	r.viewRev = max(r.viewRev, wr.Header.Revision)
@@ -203,6 +215,11 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		if c, held := r.claims[name]; held && c.lease != ep.lease {
 			return // held elsewhere: wait until its key is deleted
 		}
+		if r.handed != nil {
+			if _, ok := r.handed[name]; !ok {
+				return // nobody handed it over: claimed when the settling ends
+			}
+		}
 		s = newSlot(acquiring)
 		r.slots[name] = s
 		ep.wg.Add(1)
@@ -212,16 +229,19 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 			s = newSlot(releasing)
 			s.claim = Claim{Key: r.keys.claims + name, Revision: c.rev}
 			r.slots[name] = s
-			r.releaseLocked(ep, name, s, false)
+			r.releaseLocked(ep, name, s, "")
 		}
 	case s != nil && s.state == running:
 		c, held := r.claims[name]
 		lost := r.viewRev >= s.claim.Revision && (!held || c.rev != s.claim.Revision)
-		if lost {
+		switch {
+		case lost:
 			r.log.WithField("name", name).Warn("claim deleted under a running controller: stopping it")
-		}
-		if !ours || lost {
-			r.releaseLocked(ep, name, s, true)
+			r.releaseLocked(ep, name, s, ReasonLost)
+		case !registered:
+			r.releaseLocked(ep, name, s, ReasonRemoved)
+		case !ours:
+			r.releaseLocked(ep, name, s, ReasonMoved)
 		}
 	}
 }
@@ -268,12 +288,13 @@ func (r *Replica) report(ep *epoch, res result) {
 }
 
 // releaseLocked moves s to releasing: it removes name's controller (when
-// installed), and a worker waits until it has terminated, StopFunc
-// included, and only then deletes the claim.
-func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, installed bool) {
-	s.state = releasing
+// installed: reason says why, "" when it never was), and a worker waits
+// until it has terminated, StopFunc included, and only then deletes the
+// claim.
+func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, reason Reason) {
+	s.state, s.reason = releasing, reason
 	var terminated chan struct{}
-	if installed {
+	if reason != "" {
 		terminated = r.inner.TerminationChannel(name) // before the removal, which forgets the name
 		_ = r.inner.RemoveController(name)
 	}
@@ -421,6 +442,9 @@ func (r *Replica) handle(ep *epoch, res result) {
 		s.end()
 		log.Info("released: stopped here, claim deleted")
 		r.dirty[res.name] = struct{}{}
+		if s.reason != "" {
+			r.emit(Event{Kind: Released, Lease: ep.lease, Name: res.name, Revision: s.claim.Revision, Reason: s.reason})
+		}
 	case acquired:
 		switch {
 		case res.err != nil:
@@ -443,8 +467,9 @@ func (r *Replica) handle(ep *epoch, res result) {
 				s.state = running
 				r.installLocked(res.name, s, p)
 				log.WithField("revision", res.rev).Info("claimed: running here")
+				r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: res.name, Revision: res.rev})
 			} else {
-				r.releaseLocked(ep, res.name, s, false)
+				r.releaseLocked(ep, res.name, s, "")
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/bgctl/controller"
 	"github.com/sirupsen/logrus"
@@ -29,11 +30,11 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // moves when members come and go. See the package documentation for the
 // model and the safety argument.
 //
-// [Join] makes a Replica and starts its goroutines; [Replica.Leave] or
-// [Replica.Close] stops them and joins them. Every method is safe for
-// concurrent use.
+// [New] makes a Replica, [Replica.Join] makes it a member and starts its
+// goroutines ([Join] does both); [Replica.Leave] or [Replica.Close] stops
+// them and joins them. Every method is safe for concurrent use.
 type Replica struct {
-	// Immutable after Join.
+	// Immutable after New.
 	cli   *clientv3.Client
 	opts  Options
 	keys  keys
@@ -42,17 +43,20 @@ type Replica struct {
 
 	// wake (capacity 1) tells the loop that registrations changed; stopReq
 	// (capacity 1) carries the one stop request, sent once under stopOnce;
-	// the loop closes done as it ends, after setting stopErr.
+	// the loop closes done as it ends, after setting stopErr (finish), or
+	// the stop request itself when the loop never started.
 	wake     chan struct{}
 	stopReq  chan stopRequest
 	stopOnce sync.Once
 	done     chan struct{}
 	stopErr  error // written by the loop before it closes done
 
+	events eventHub // Events' subscribers; guarded by its own lock
+
 	mu sync.Mutex
 	// Guarded by mu; who writes what:
 	//
-	//	regs, closed                            the API methods
+	//	regs, joined, closed                    the API methods
 	//	slots                                   the loop; UpdateController rebinds a running slot's context
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
@@ -77,6 +81,12 @@ type Replica struct {
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
+	// handed: while the first epoch settles (Options.Settle), the names
+	// whose claim the watch showed deleted since, which may be claimed at
+	// once; nil otherwise. Set by Join, filled by the watch, cleared by the
+	// loop when the settling ends.
+	handed map[string]struct{}
+	joined     bool // Join was called and has not failed; the loop runs or is about to
 	closed     bool // Leave or Close was called
 }
 
@@ -124,6 +134,7 @@ func (s slotState) String() string {
 type slot struct {
 	state   slotState
 	claim   Claim           // set on leaving acquiring
+	reason  Reason          // why its controller was removed; "" while it runs, or when it never ran
 	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
 	userCtx context.Context // the registration's Context ctx was made from
 	cancel  context.CancelCauseFunc
@@ -165,13 +176,13 @@ type stopRequest struct {
 	leave bool // true: Leave, false: Close
 }
 
-// Join makes this process a member of the replicas sharing opts.Prefix: it
-// grants a lease of opts.TTL, writes its member key under it, and starts
-// the replica's goroutines (the loop, which owns the keepalive goroutine
-// and the request workers). ctx bounds only the first grant and write. The
-// client must outlive the Replica; closing it without Leave is how a crash
-// looks to the others.
-func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, error) {
+// New makes a Replica that is not a member yet: it checks opts and makes
+// the inner [controller.Manager], but sends nothing to etcd and starts no
+// goroutine. Register the service's controllers on it, then call
+// [Replica.Join]: the replica then knows every name from its first view of
+// the members, and claims only its share (see Options.Settle). Leave or
+// Close before Join release the Replica, which holds nothing.
+func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	if cli == nil {
 		return nil, fmt.Errorf("%w: the etcd client must not be nil", ErrInvalidOptions)
 	}
@@ -185,7 +196,7 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 	} else {
 		log = logrus.StandardLogger().WithField("replica", opts.ID)
 	}
-	r := &Replica{
+	return &Replica{
 		cli:     cli,
 		opts:    opts,
 		keys:    keysOf(opts.Prefix),
@@ -199,13 +210,69 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 		dirty:   make(map[string]struct{}),
 		members: make(map[string]int64),
 		claims:  make(map[string]claimView),
-	}
-	ep, err := r.startEpoch(ctx, 0)
+	}, nil
+}
+
+// Join is [New], then [Replica.Join]: the replica is a member when it
+// returns, and claims names as they are registered.
+func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, error) {
+	r, err := New(cli, opts)
 	if err != nil {
 		return nil, err
 	}
-	go r.run(ep) // joined by Leave and Close, through r.done
+	if err := r.Join(ctx); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// ErrJoined is returned by [Replica.Join] on a replica that joined
+// already.
+var ErrJoined = errors.New("ha: the replica has joined already")
+
+// Join makes this process a member of the replicas sharing the Prefix: it
+// grants a lease of Options.TTL, writes its member key under it, and
+// starts the replica's goroutines (the loop, which owns the keepalive
+// goroutine and the request workers). ctx bounds only the grant and the
+// write. The client must outlive the Replica; closing it without Leave is
+// how a crash looks to the others.
+//
+// After a failed Join the replica may Join again. It returns [ErrClosed]
+// after Leave or Close, and [ErrJoined] once it has joined.
+func (r *Replica) Join(ctx context.Context) error {
+	r.mu.Lock()
+	switch {
+	case r.closed:
+		r.mu.Unlock()
+		return fmt.Errorf("%w: Join", ErrClosed)
+	case r.joined:
+		r.mu.Unlock()
+		return ErrJoined
+	}
+	r.joined = true
+	r.mu.Unlock()
+	ep, err := r.startEpoch(ctx, 0)
+	if err != nil {
+		r.mu.Lock()
+		closed := r.closed
+		r.joined = closed // a failed Join may be tried again
+		r.mu.Unlock()
+		if closed {
+			// A Leave or Close came meanwhile and waits for done: nothing
+			// runs and nothing is held.
+			r.finish()
+		}
+		return err
+	}
+	if r.opts.Mode == Spread && r.opts.Settle > 0 {
+		// Before the loop starts, which alone reads both from here on.
+		r.mu.Lock()
+		r.handed = make(map[string]struct{})
+		r.mu.Unlock()
+		ep.settle = time.NewTimer(r.opts.Settle)
+	}
+	go r.run(ep) // joined by Leave and Close, through r.done
+	return nil
 }
 
 // ID returns the replica's member ID.
