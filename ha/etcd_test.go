@@ -204,7 +204,7 @@ func buildEtcd(release, bin string) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	fmt.Fprintf(stderr, "ha tests: building etcd %s from the Go module proxy into %s (once; about a minute)\n", release, bin)
+	fmt.Fprintf(stderr, "ha tests: building etcd %s from the Go module proxy into %s (once; a minute or two)\n", release, bin)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -221,6 +221,7 @@ func TestJoinChecksTheServerVersion(t *testing.T) {
 	for _, e := range warnings {
 		got = append(got, e.Message)
 	}
+	t.Logf("etcd %s: Join warned %q", v, got)
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("etcd %s: Join warned %q; want %q", v, got, want)
 	}
