@@ -6,6 +6,7 @@ package ha
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,4 +214,77 @@ func TestReviewRelistDoesNotTakeTheOwnMemberKeyForLost(t *testing.T) {
 	}
 	c.waitPlacement(want, 10*time.Second)
 	c.rec.assertNoOverlap(t)
+}
+
+// Disproved: a DoFunc blocked in RemoveControllerAndWait on a name whose
+// StopFunc ignores its context keeps neither Close past TTL nor, after a
+// fence pass, Leave past its context.
+func TestReviewStopWithADoFuncWaitingOnAStuckName(t *testing.T) {
+	for _, leave := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Close", true: "Leave after a fence pass"}[leave], func(t *testing.T) {
+			opts := testOptions()
+			c := newCluster(t, 0, opts)
+			n := c.join("solo")
+			r := n.r
+			unblock := make(chan struct{})
+			defer close(unblock)
+			bRunning, waiting := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			err := r.UpdateController("b", controller.ControllerParams{
+				DoFunc: func(ctx context.Context) error {
+					once.Do(func() { close(bRunning) })
+					if leave {
+						<-unblock // ignores its context: breaks the contract
+					}
+					return nil
+				},
+				StopFunc: func(context.Context) error { <-unblock; return nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-bRunning
+			err = r.UpdateController("a", controller.ControllerParams{
+				DoFunc: func(ctx context.Context) error {
+					select {
+					case <-waiting:
+						<-ctx.Done()
+						return nil
+					default:
+					}
+					close(waiting)
+					return r.RemoveControllerAndWait("b")
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-waiting
+			bound := opts.TTL
+			if leave {
+				n.proxy.cut()
+				waitFor(t, "the fence to pass", func() bool { return r.Status().Lease == "" })
+				bound = 300 * time.Millisecond
+			}
+			start := time.Now()
+			if leave {
+				ctx, cancel := context.WithTimeout(context.Background(), bound)
+				err = r.Leave(ctx)
+				cancel()
+			} else {
+				err = r.Close()
+			}
+			took := time.Since(start)
+			t.Logf("returned after %v (bound %v): %v", took, bound, err)
+			if err == nil {
+				t.Error("returned nil with b still running")
+			}
+			if took > bound+500*time.Millisecond {
+				t.Errorf("took %v, past its bound %v", took, bound)
+			}
+			n.proxy.heal()
+			delete(c.nodes, n.id)
+			n.cli.Close()
+		})
+	}
 }
