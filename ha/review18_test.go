@@ -288,3 +288,42 @@ func TestReviewStopWithADoFuncWaitingOnAStuckName(t *testing.T) {
 		})
 	}
 }
+
+// Disproved: a replica of the same ID that takes the member key under its
+// own lease (the key deleted, then written by the other) makes this
+// replica stop every name and stay out while that lease lives; once it
+// is gone, this replica joins again and runs its names.
+func TestReviewSameIDTakesTheMemberKey(t *testing.T) {
+	opts := testOptions()
+	c := newCluster(t, 3, opts)
+	n := c.join("solo")
+	want := c.expected([]string{"solo"})
+	c.waitPlacement(want, 10*time.Second)
+	admin := newClient(t, testEtcd)
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other, err := admin.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := c.prefix + "/members/solo"
+	if _, err := admin.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Put(ctx, key, "solo", clientv3.WithLease(other.ID)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the replica to stop every name", func() bool {
+		return n.r.Status().Lease == "" && len(c.rec.placement()) == 0
+	})
+	time.Sleep(opts.TTL) // it stays out while the other lease lives
+	if st := n.r.Status(); st.Lease != "" || len(c.rec.placement()) != 0 {
+		t.Fatalf("with the key under another lease: lease %q, %d names running", st.Lease, len(c.rec.placement()))
+	}
+	if _, err := admin.Revoke(ctx, other.ID); err != nil {
+		t.Fatal(err)
+	}
+	c.waitPlacement(want, 10*time.Second)
+	c.rec.assertNoOverlap(t)
+}
