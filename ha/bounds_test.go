@@ -1,6 +1,6 @@
-// Review of issue 18's fixes, against etcd: RemoveControllerAndWait after
-// a fence pass, Leave and Close while etcd does not answer, and a member
-// key lost while the watch was down.
+// Stopping within bounds and the member key across a relist, against
+// etcd: RemoveControllerAndWait right after a fence pass, Leave and Close
+// while etcd does not answer, a member key lost while the watch was down.
 
 package ha
 
@@ -30,7 +30,7 @@ func (p *proxy) reset() {
 // on this replica. Right after a fence pass the epoch has taken the slots,
 // but the controller still runs (its DoFunc may use Margin after the
 // cancellation): the call must wait for it.
-func TestReviewRemoveControllerAndWaitAfterAFencePassWaitsForTheController(t *testing.T) {
+func TestRemoveControllerAndWaitAfterAFencePassWaitsForTheController(t *testing.T) {
 	opts := testOptions()
 	c := newCluster(t, 0, opts)
 	n := c.join("solo")
@@ -63,7 +63,7 @@ func TestReviewRemoveControllerAndWaitAfterAFencePassWaitsForTheController(t *te
 // Leave returns when its context ends, and Close within TTL, also while
 // the loop waits for etcd after a fence pass (the best-effort revoke, the
 // grants of the rejoin): those requests wait RequestTimeout each.
-func TestReviewStopWhileEtcdDoesNotAnswer(t *testing.T) {
+func TestStopWhileEtcdDoesNotAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		opts  func() Options
@@ -157,7 +157,7 @@ func cutResetCompact(t *testing.T, c *cluster, n *node, do func(ctx context.Cont
 // connection, a compaction before it resumed) is seen only by the relist:
 // the replica must write it again there too, or it runs nothing for good
 // while it renews its lease.
-func TestReviewMemberKeyDeletedWhileTheWatchIsDownIsWrittenAgain(t *testing.T) {
+func TestMemberKeyDeletedWhileTheWatchIsDownIsWrittenAgain(t *testing.T) {
 	opts := testOptions()
 	opts.TTL, opts.Margin = 4*time.Second, time.Second // room for the outage
 	c := newCluster(t, 3, opts)
@@ -195,7 +195,7 @@ func TestReviewMemberKeyDeletedWhileTheWatchIsDownIsWrittenAgain(t *testing.T) {
 
 // Disproved: the relist finds the member key under the replica's own
 // lease and does not take it for lost (no rewrite, no warning).
-func TestReviewRelistDoesNotTakeTheOwnMemberKeyForLost(t *testing.T) {
+func TestRelistDoesNotTakeTheOwnMemberKeyForLost(t *testing.T) {
 	opts := testOptions()
 	opts.TTL, opts.Margin = 4*time.Second, time.Second
 	hook := &warnCounter{prefix: "member key was deleted"}
@@ -219,7 +219,7 @@ func TestReviewRelistDoesNotTakeTheOwnMemberKeyForLost(t *testing.T) {
 // Disproved: a DoFunc blocked in RemoveControllerAndWait on a name whose
 // StopFunc ignores its context keeps neither Close past TTL nor, after a
 // fence pass, Leave past its context.
-func TestReviewStopWithADoFuncWaitingOnAStuckName(t *testing.T) {
+func TestStopWithADoFuncWaitingOnAStuckName(t *testing.T) {
 	for _, leave := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Close", true: "Leave after a fence pass"}[leave], func(t *testing.T) {
 			opts := testOptions()
@@ -293,7 +293,7 @@ func TestReviewStopWithADoFuncWaitingOnAStuckName(t *testing.T) {
 // own lease (the key deleted, then written by the other) makes this
 // replica stop every name and stay out while that lease lives; once it
 // is gone, this replica joins again and runs its names.
-func TestReviewSameIDTakesTheMemberKey(t *testing.T) {
+func TestSameIDTakesTheMemberKey(t *testing.T) {
 	opts := testOptions()
 	c := newCluster(t, 3, opts)
 	n := c.join("solo")
