@@ -1,6 +1,7 @@
 // The etcd the tests run against: started once per test binary on free
 // loopback ports in a temporary directory, without the ETCD_* variables of
 // the environment.
+
 package ha
 
 import (
