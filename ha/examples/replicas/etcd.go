@@ -1,5 +1,6 @@
-// The embedded etcd the example starts when no -etcd is given: one member
-// in a temporary directory, on loopback ports the kernel picks.
+// The embedded etcd the example starts when no -etcd is given, or serves
+// alone with -serve-etcd: one member in a temporary directory, on loopback
+// ports the kernel picks.
 
 package main
 
@@ -7,6 +8,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -54,4 +57,19 @@ func startEtcd() (addr string, stop func(), err error) {
 		return "", nil, fmt.Errorf("embedded etcd not ready within 30s")
 	}
 	return e.Clients[0].Addr().String(), stop, nil
+}
+
+// serveEmbeddedEtcd starts the embedded etcd, prints its client address on
+// a line of its own, and stops it on SIGINT or SIGTERM.
+func serveEmbeddedEtcd() error {
+	addr, stop, err := startEtcd()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	fmt.Println(addr)
+	<-signals
+	return nil
 }

@@ -5,6 +5,7 @@
 //	cd ha/examples/replicas
 //	go run .                       # starts an etcd inside the process
 //	go run . -etcd 127.0.0.1:2379  # uses a running one
+//	go run . -serve-etcd           # only serves an etcd, for replicas of your own
 //
 // It is a module of its own, so that the etcd server it embeds is never a
 // dependency of github.com/bgctl/controller/ha.
@@ -38,7 +39,15 @@ func main() {
 	ttl := flag.Duration("ttl", 2*time.Second, "lease TTL, whole seconds")
 	duration := flag.Duration("duration", 8*time.Second, "how long to run; the crash comes half-way")
 	verbose := flag.Bool("v", false, "show the replicas' Info logs (claims taken and released)")
+	serveEtcd := flag.Bool("serve-etcd", false, "run no replicas: start the embedded etcd, print its address and serve until SIGINT or SIGTERM")
 	flag.Parse()
+
+	if *serveEtcd {
+		if err := serveEmbeddedEtcd(); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 
 	addr := *etcdAddr
 	if addr == "" {
