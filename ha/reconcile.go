@@ -110,11 +110,24 @@ func (r *Replica) relist(ep *epoch) error {
 	return nil
 }
 
-// apply brings a watch response's events into the view.
+// apply brings a watch response's events into the view, and moves the
+// view's revision to the last one the watch has delivered in full: its
+// last event's, or the header's of a progress notification, which etcd
+// sends only once every watcher of the stream has been sent every event
+// up to it. Never a response's header otherwise: a watcher more than
+// 1,000 revisions behind gets etcd's catch-up batches, each of at most
+// 1,000 revisions and each carrying the store's current revision, and a
+// claim created after a batch's last event would look deleted
+// (stepLocked's lost) while its creation is still on the way.
 func (r *Replica) apply(wr clientv3.WatchResponse) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if wr.IsProgressNotify() {
+		r.viewRev = max(r.viewRev, wr.Header.Revision)
+		return
+	}
 	for _, ev := range wr.Events {
+		r.viewRev = max(r.viewRev, ev.Kv.ModRevision)
 		if ev.Type == mvccpb.PUT {
 			r.putLocked(ev.Kv)
 			continue
@@ -130,7 +143,6 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 			r.dirty[name] = struct{}{}
 		}
 	}
-	r.viewRev = max(r.viewRev, wr.Header.Revision)
 }
 
 func (r *Replica) putLocked(kv *mvccpb.KeyValue) {
