@@ -31,7 +31,7 @@ type epoch struct {
 	wg sync.WaitGroup
 
 	// Owned by the loop goroutine.
-	watch       clientv3.WatchChan // nil: to (re)start
+	watch       *viewWatch // nil: to (re)start; stopped by watchCancel
 	watchCancel context.CancelFunc
 	retry       *time.Timer // pending relist or acquire retry; nil: none
 	retryNames  []string    // names to reconcile when retry fires

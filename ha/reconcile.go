@@ -49,19 +49,29 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		if ep.retry != nil {
 			retry = ep.retry.C
 		}
+		var created <-chan clientv3.WatchChan
+		var events clientv3.WatchChan
+		var check <-chan time.Time
+		if w := ep.watch; w != nil {
+			created, events, check = w.created, w.ch, w.check.C
+		}
 		select {
 		case <-ep.fence.ctx.Done():
 			return nil
 		case req := <-r.stopReq:
 			return &req
-		case wr, ok := <-ep.watch:
+		case ch := <-created:
+			ep.watch.created, ep.watch.ch = nil, ch
+		case wr, ok := <-events:
 			if !ok || wr.Err() != nil {
-				ep.watchCancel()
-				ep.watch = nil
+				r.dropWatch(ep)
 				r.retryLater(ep)
 				continue
 			}
+			ep.watch.heard = time.Now()
 			r.apply(wr)
+		case now := <-check:
+			r.checkWatchNow(ep, now)
 		case <-r.wake:
 		case res := <-ep.results:
 			r.handle(ep, res)
@@ -86,10 +96,13 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 }
 
 // relist reads every member and claim key, replaces the view with them,
-// and starts a watch from the next revision.
+// and starts a watch from their revision (startWatch).
 func (r *Replica) relist(ep *epoch) error {
 	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	// The loop waits for this answer, and must see the fence pass.
+	stop := context.AfterFunc(ep.fence.ctx, cancel)
 	resp, err := r.cli.Get(ctx, r.keys.all, clientv3.WithPrefix())
+	stop()
 	cancel()
 	if err != nil {
 		return err
@@ -104,9 +117,8 @@ func (r *Replica) relist(ep *epoch) error {
 	r.viewRev = resp.Header.Revision
 	r.allDirty = true
 	r.mu.Unlock()
-	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ep.ctx))
-	ep.watch = r.cli.Watch(wctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	ep.watchCancel = wcancel
+	w := r.startWatch(ep, resp.Header.Revision)
+	ep.watch, ep.watchCancel = w, w.stop
 	return nil
 }
 

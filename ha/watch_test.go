@@ -1,5 +1,6 @@
 // The view's watch against a real etcd: a watch that lags more than
-// etcd's catch-up batch behind restarts nothing.
+// etcd's catch-up batch behind restarts nothing, a stalled one is
+// replaced, a quiet one is kept.
 package ha
 
 import (
@@ -119,4 +120,73 @@ func TestLaggingWatchRestartsNothing(t *testing.T) {
 		t.Errorf("r2 ran names %d times; in Leader mode the younger member runs nothing", n)
 	}
 	c.rec.assertNoOverlap(t)
+}
+
+// A watch that stops delivering while its connection goes on answering
+// (lease keepalives, requests, gRPC pings) is noticed: its progress
+// requests go unanswered, and the replica lists the prefix again and
+// watches it anew, so its view catches up and the names move.
+func TestStalledWatchIsReplaced(t *testing.T) {
+	c := newCluster(t, 12, testOptions())
+	st := newWatchStaller(t, testEtcd)
+	r0 := c.joinVia("r0", st.addr())
+	c.register(r0)
+	c.join("r1")
+	c.waitPlacement(c.expected([]string{"r0", "r1"}), 10*time.Second)
+
+	st.stall()
+	c.leave(c.nodes["r1"]) // r0 learns it only from a watch that works
+	took := c.waitPlacement(c.expected([]string{"r0"}), 15*time.Second)
+	limit := c.opts.window() + c.opts.keepAliveEvery()
+	t.Logf("r0's watch held; r1 left; r0 ran r1's names %v later (a silent watch is replaced after %v to %v); %d frames held",
+		took, c.opts.window(), limit, st.heldFrames())
+	if st.heldFrames() == 0 {
+		t.Error("the staller held no frame: r0's watch never stalled, and this test showed nothing")
+	}
+	if got := r0.r.Status().Members; len(got) != 1 || got[0] != "r0" {
+		t.Errorf("r0's view of the members is %v, want [r0]", got)
+	}
+	c.rec.assertNoOverlap(t)
+}
+
+func TestCheckWatch(t *testing.T) {
+	const period, limit = 1875 * time.Millisecond, 7500 * time.Millisecond
+	for _, tc := range []struct {
+		silent time.Duration
+		want   watchAction
+	}{
+		{0, keepWatch},
+		{period/2 - time.Millisecond, keepWatch},
+		{period / 2, askProgress}, // a quiet watch is asked at every check
+		{period, askProgress},
+		{limit - time.Millisecond, askProgress},
+		{limit, replaceWatch}, // four checks without an answer
+		{10 * limit, replaceWatch},
+	} {
+		if got := checkWatch(tc.silent, period, limit); got != tc.want {
+			t.Errorf("checkWatch(%v, %v, %v) = %d, want %d", tc.silent, period, limit, got, tc.want)
+		}
+	}
+}
+
+// A watch on a store that does not move has nothing to deliver; it still
+// answers the progress requests, and is never taken for a stalled one.
+func TestQuietWatchIsKept(t *testing.T) {
+	opts := testOptions()
+	logger, replaced := countingLogger("watch of the prefix silent")
+	opts.Logger = logger
+	c := newCluster(t, 0, opts)
+	r0 := c.joinEmpty("r0")
+	time.Sleep(3 * opts.window()) // two replacements, were the answers missing
+	if n := replaced.n.Load(); n != 0 {
+		t.Errorf("a quiet watch was replaced %d times in %v", n, 3*opts.window())
+	}
+	c.joinEmpty("r1")
+	deadline := time.Now().Add(5 * time.Second)
+	for len(r0.r.Status().Members) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("r0's view of the members is %v 5s after r1 joined", r0.r.Status().Members)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
