@@ -172,6 +172,7 @@ func (r *Replica) run(ep *epoch) {
 // succeeds or a stop request comes.
 func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 	wait := 20 * time.Millisecond
+	var log rejoinLog
 	for {
 		select {
 		case req := <-r.stopReq:
@@ -179,10 +180,10 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 		default:
 		}
 		ep, err := r.startEpoch(context.Background(), prev)
+		r.reportRejoin(&log, err)
 		if err == nil {
 			return ep, nil
 		}
-		r.log.WithError(err).Debug("joining again")
 		t := time.NewTimer(wait)
 		select {
 		case req := <-r.stopReq:

@@ -56,6 +56,7 @@ type Replica struct {
 	//	slots                                   the loop; UpdateController rebinds a running slot's context
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
+	//	joinErr                                 the loop, as it joins again
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
 	//
 	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
@@ -73,6 +74,7 @@ type Replica struct {
 	viewRev   int64                                  // the etcd revision the view is at
 	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
 	fence     *fence                                 // of the current epoch; a passed one between epochs
+	joinErr   error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
 	closed    bool                                   // Leave or Close was called
 }
 

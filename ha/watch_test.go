@@ -48,13 +48,14 @@ func writeNoise(t testing.TB, prefix, batch string, n int) {
 	}
 }
 
-// countingLogger returns the tests' quiet logger with a counter of the
-// warnings that start with prefix.
-func countingLogger(prefix string) (logrus.FieldLogger, *warnCounter) {
+// countWarnings gives opts the tests' quiet logger, with a counter of the
+// warnings that start with prefix, and returns the counter.
+func countWarnings(opts *Options, prefix string) *warnCounter {
 	l := quietLogger().(*logrus.Logger)
 	w := &warnCounter{prefix: prefix}
 	l.AddHook(w)
-	return l, w
+	opts.Logger = l
+	return w
 }
 
 // A replica whose watch is held while the leader leaves, 4,500
@@ -72,8 +73,7 @@ func TestLaggingWatchRestartsNothing(t *testing.T) {
 	// (12s seen): the lagging replica keeps its lease, and with it the
 	// watch that lags.
 	opts.TTL, opts.Margin = 30*time.Second, 7500*time.Millisecond
-	logger, lost := countingLogger("claim deleted under a running controller")
-	opts.Logger = logger
+	lost := countWarnings(&opts, "claim deleted under a running controller")
 	c := newCluster(t, 20, opts)
 	c.join("r1") // the oldest: it runs everything
 	c.join("r0")
@@ -173,8 +173,7 @@ func TestCheckWatch(t *testing.T) {
 // answers the progress requests, and is never taken for a stalled one.
 func TestQuietWatchIsKept(t *testing.T) {
 	opts := testOptions()
-	logger, replaced := countingLogger("watch of the prefix silent")
-	opts.Logger = logger
+	replaced := countWarnings(&opts, "watch of the prefix silent")
 	c := newCluster(t, 0, opts)
 	r0 := c.joinEmpty("r0")
 	time.Sleep(3 * opts.window()) // two replacements, were the answers missing
