@@ -12,15 +12,20 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // writeNoise writes n revisions of keys under prefix that are neither
-// members nor claims (named after batch), from writers parallel enough to make a watch on a
-// held connection fall behind by all of them. Each value is 512 bytes, so
-// a hundred or so fill the flow-control window of a held watch stream.
-func writeNoise(t testing.TB, prefix, batch string, n int) {
-	t.Helper()
-	cli := newClient(t, testEtcd)
+// members nor claims (named after batch), from writers parallel enough to
+// make a watch on a held connection fall behind by all of them. Each
+// value is 512 bytes, so a hundred or so fill the flow-control window of
+// a held watch stream.
+func writeNoise(prefix, batch string, n int) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{testEtcd}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
 	defer cli.Close()
 	const writers = 16
 	val := strings.Repeat("n", 512)
@@ -35,7 +40,7 @@ func writeNoise(t testing.TB, prefix, batch string, n int) {
 				_, err := cli.Put(ctx, fmt.Sprintf("%s/noise/%s%d", prefix, batch, i), val)
 				cancel()
 				if err != nil {
-					errs <- err
+					errs <- fmt.Errorf("writing noise under %s: %w", prefix, err)
 					return
 				}
 			}
@@ -43,8 +48,19 @@ func writeNoise(t testing.TB, prefix, batch string, n int) {
 	}
 	wg.Wait()
 	close(errs)
-	for err := range errs {
-		t.Fatalf("writing noise under %s: %v", prefix, err)
+	return <-errs // nil when none failed
+}
+
+// writeNoiseBehind starts writeNoise on a goroutine, and returns a
+// function that waits for it and fails the test if it failed.
+func writeNoiseBehind(t testing.TB, prefix, batch string, n int) (wait func()) {
+	done := make(chan error, 1)
+	go func() { done <- writeNoise(prefix, batch, n) }() // joined by wait
+	return func() {
+		t.Helper()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -85,17 +101,20 @@ func TestLaggingWatchRestartsNothing(t *testing.T) {
 	cutAt := time.Now()
 	r0.proxy.cut()
 	c.leave(c.nodes["r1"]) // r0 learns it first once healed
-	writeNoise(t, c.prefix, "a", 1500)
+	if err := writeNoise(c.prefix, "a", 1500); err != nil {
+		t.Fatal(err)
+	}
 	c.join("r2") // younger than r0: it takes nothing, but r0 looks at every name when it sees it
-	writeNoise(t, c.prefix, "b", 3000)
+	if err := writeNoise(c.prefix, "b", 3000); err != nil {
+		t.Fatal(err)
+	}
 	// Writes go on while r0 catches up, so the batches' revision keeps
 	// running ahead of their events, past the claims r0 creates.
-	more := make(chan struct{})
-	go func() { defer close(more); writeNoise(t, c.prefix, "c", 4000) }() // joined below
+	more := writeNoiseBehind(t, c.prefix, "c", 4000)
 	healAt := c.rec.now()
 	r0.proxy.heal()
 	t.Logf("r0 cut for %v while r1 left, r2 joined and 4,500 revisions were written (fences passed in this binary: %d)", time.Since(cutAt), fencesPassed.n.Load())
-	<-more
+	more()
 	c.waitPlacement(everything("r0"), 10*time.Second)
 	time.Sleep(3 * time.Second) // the window in which false losses showed: the catch-up and what it set off
 
