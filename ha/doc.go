@@ -124,8 +124,8 @@
 //
 // Give the etcd client gRPC keepalives as well, so that a connection that
 // stops answering is closed, and the watch and requests on it move to
-// another endpoint, instead of waiting until the kernel gives up on the
-// connection (15 minutes or more on Linux):
+// another endpoint, instead of waiting until the kernel gives up
+// retransmitting to it (about 15 minutes on Linux by default):
 //
 //	clientv3.Config{
 //		Endpoints:            endpoints,
