@@ -1,6 +1,7 @@
 // Epochs: one lease and its fence, from the grant to the end (fence
 // passed, Leave, Close), and the keepalive goroutine that extends the
 // fence.
+
 package ha
 
 import (
@@ -39,7 +40,7 @@ type epoch struct {
 	wg sync.WaitGroup
 
 	// Owned by the loop goroutine.
-	watch       clientv3.WatchChan // nil: to (re)start
+	watch       *viewWatch // nil: to (re)start; stopped by watchCancel
 	watchCancel context.CancelFunc
 	retry       *time.Timer // pending relist or acquire retry; nil: none
 	settle      *time.Timer // the first epoch's settling (Options.Settle); nil: none, or over
@@ -71,7 +72,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	f := newFence(sent.Add(r.opts.window()))
 	fail := func(err error) (*epoch, error) {
 		f.stop(err)
-		rctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
+		rctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
 		defer cancel()
 		_, _ = r.cli.Revoke(rctx, g.ID) // best effort: it expires anyway
 		return nil, err
@@ -109,7 +110,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		results: make(chan result, maxInFlight),
 		sem:     make(chan struct{}, maxInFlight),
 	}
-	ep.ctx, ep.cancel = context.WithCancel(context.Background())
+	ep.ctx, ep.cancel = context.WithCancel(r.stopping)
 	ep.renew, ep.stopRenew = context.WithCancel(ep.ctx)
 	ep.renewed = make(chan struct{})
 	r.mu.Lock()
@@ -169,6 +170,7 @@ func isLeaseNotFound(err error) bool {
 // or Close. Started by Join; joined by Leave and Close through r.done.
 func (r *Replica) run(ep *epoch) {
 	defer r.finish()
+	defer r.abort() // releases the context; nothing is left to abort
 	for {
 		req := r.serve(ep)
 		var stopped *stopRequest
@@ -188,17 +190,18 @@ func (r *Replica) run(ep *epoch) {
 // succeeds or a stop request comes.
 func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 	wait := 20 * time.Millisecond
+	var log rejoinLog
 	for {
 		select {
 		case req := <-r.stopReq:
 			return nil, &req
 		default:
 		}
-		ep, err := r.startEpoch(context.Background(), prev)
+		ep, err := r.startEpoch(r.stopping, prev)
+		r.reportRejoin(&log, err)
 		if err == nil {
 			return ep, nil
 		}
-		r.log.WithError(err).Debug("joining again")
 		t := time.NewTimer(wait)
 		select {
 		case req := <-r.stopReq:
@@ -317,7 +320,7 @@ func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err
 	}
 	switch {
 	case req == nil:
-		ctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
+		ctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
 		defer cancel()
 		_, _ = r.cli.Revoke(ctx, ep.lease) // best effort: unreachable, it expires
 		return nil
@@ -430,10 +433,23 @@ func (r *Replica) stop(req stopRequest) error {
 		joined := r.joined
 		r.mu.Unlock()
 		if !joined {
-			r.finish() // no loop to stop: nothing runs, nothing is held
+			// No loop to stop: nothing runs, nothing is held.
+			r.abort()
+			r.finish()
 			return
 		}
 		r.stopReq <- req // served by the loop, or by a Join that failed
+		if req.leave {
+			// Leave's requests go on until its context ends; its own
+			// revocation uses that context.
+			stop := context.AfterFunc(req.ctx, r.abort)
+			defer func() {
+				<-r.done
+				stop()
+			}()
+		} else {
+			r.abort()
+		}
 	})
 	<-r.done
 	return r.stopErr

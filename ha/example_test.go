@@ -1,6 +1,7 @@
 // Examples for the package documentation. Those that join need an etcd,
 // so they are compiled but not run; examples/replicas is the runnable
 // program.
+
 package ha_test
 
 import (

@@ -1,5 +1,6 @@
 // Test helpers: a recorder of every DoFunc run across replicas, and a
 // cluster of replicas that each reach etcd through their own proxy.
+
 package ha
 
 import (
@@ -308,7 +309,14 @@ func (c *cluster) register(n *node) {
 // joinEmpty starts a replica named id with no names registered.
 func (c *cluster) joinEmpty(id string) *node {
 	c.t.Helper()
-	n := c.newNode(id)
+	return c.joinVia(id, testEtcd)
+}
+
+// joinVia starts a replica named id with no names registered, whose
+// proxy forwards to addr: etcd, or another proxy in front of it.
+func (c *cluster) joinVia(id, addr string) *node {
+	c.t.Helper()
+	n := c.newNodeVia(id, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := n.r.Join(ctx); err != nil {
@@ -321,7 +329,14 @@ func (c *cluster) joinEmpty(id string) *node {
 // not joined.
 func (c *cluster) newNode(id string) *node {
 	c.t.Helper()
-	n := &node{id: id, proxy: newProxy(c.t, testEtcd)}
+	return c.newNodeVia(id, testEtcd)
+}
+
+// newNodeVia is newNode with a proxy that forwards to addr: etcd, or
+// another proxy in front of it.
+func (c *cluster) newNodeVia(id, addr string) *node {
+	c.t.Helper()
+	n := &node{id: id, proxy: newProxy(c.t, addr)}
 	n.cli = newClient(c.t, n.proxy.addr())
 	opts := c.opts
 	opts.Prefix, opts.ID = c.prefix, id

@@ -1,5 +1,6 @@
 // Replica: one member of a service's replicas, and the API that mirrors
 // controller.Manager.
+
 package ha
 
 import (
@@ -53,6 +54,12 @@ type Replica struct {
 
 	events eventHub // Events' subscribers; guarded by its own lock
 
+	// stopping parents every etcd request of the loop and of its epochs;
+	// abort cancels it when Close is called or Leave's context ends, so
+	// that no request keeps them past their bound.
+	stopping context.Context
+	abort    context.CancelFunc
+
 	mu sync.Mutex
 	// Guarded by mu; who writes what:
 	//
@@ -61,6 +68,7 @@ type Replica struct {
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
+	//	joinErr                                 the loop, as it joins again
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
 	//
 	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
@@ -78,6 +86,8 @@ type Replica struct {
 	viewRev   int64                                  // the etcd revision the view is at
 	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
 	fence     *fence                                 // of the current epoch; a passed one between epochs
+	joinErr   error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
+	closed    bool                                   // Leave or Close was called
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
@@ -86,8 +96,7 @@ type Replica struct {
 	// once; nil otherwise. Set by Join, filled by the watch, cleared by the
 	// loop when the settling ends.
 	handed map[string]struct{}
-	joined     bool // Join was called and has not failed; the loop runs or is about to
-	closed     bool // Leave or Close was called
+	joined bool // Join was called and has not failed; the loop runs or is about to
 }
 
 // keys are the etcd keys and prefixes of one Options.Prefix.
@@ -196,7 +205,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	} else {
 		log = logrus.StandardLogger().WithField("replica", opts.ID)
 	}
-	return &Replica{
+	r := &Replica{
 		cli:     cli,
 		opts:    opts,
 		keys:    keysOf(opts.Prefix),
@@ -210,7 +219,9 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		dirty:   make(map[string]struct{}),
 		members: make(map[string]int64),
 		claims:  make(map[string]claimView),
-	}, nil
+	}
+	r.stopping, r.abort = context.WithCancel(context.Background())
+	return r, nil
 }
 
 // Join is [New], then [Replica.Join]: the replica is a member when it
@@ -221,6 +232,7 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 		return nil, err
 	}
 	if err := r.Join(ctx); err != nil {
+		r.abort() // releases the context: nothing else was made
 		return nil, err
 	}
 	return r, nil
@@ -260,10 +272,12 @@ func (r *Replica) Join(ctx context.Context) error {
 		if closed {
 			// A Leave or Close came meanwhile and waits for done: nothing
 			// runs and nothing is held.
+			r.abort()
 			r.finish()
 		}
 		return err
 	}
+	r.checkServerVersions(ctx)
 	if r.opts.Mode == Spread && r.opts.Settle > 0 {
 		// Before the loop starts, which alone reads both from here on.
 		r.mu.Lock()
@@ -336,7 +350,14 @@ func (r *Replica) RemoveController(name string) error {
 // name without keeping its own replica from stopping.
 func (r *Replica) RemoveControllerAndWait(name string) error {
 	s, term, err := r.unregister(name)
-	if err == nil && s != nil {
+	switch {
+	case err != nil:
+	case s == nil:
+		select {
+		case <-term:
+		case <-r.done:
+		}
+	default:
 		select {
 		case <-s.done:
 		case <-r.done:
@@ -361,12 +382,10 @@ func (r *Replica) unregister(name string) (*slot, chan struct{}, error) {
 	}
 	delete(r.regs, name)
 	r.markDirtyLocked(name)
-	s := r.slots[name]
-	if s == nil {
-		return nil, nil, nil
-	}
-	// Taken before the loop removes the controller, which forgets the name.
-	return s, r.inner.TerminationChannel(name), nil
+	// Taken before the loop removes the controller, which forgets the
+	// name. Without a slot, a controller may still be stopping here (its
+	// epoch ended just now): the channel is that one's.
+	return r.slots[name], r.inner.TerminationChannel(name), nil
 }
 
 // GetStatusModel returns the status of the controllers running on this
