@@ -26,7 +26,9 @@
 //
 //   - if it is the owner and no claim exists, it creates the claim in a
 //     transaction that succeeds only if the key is absent, and only when
-//     that succeeds does it install the controller;
+//     that succeeds does it install the controller (one transaction
+//     creates up to 128 claims, each only if absent: when one exists, the
+//     replica reads them and claims the others again);
 //   - if it runs the name and is no longer the owner (a member joined, the
 //     name was removed), it removes the controller, waits until it has
 //     terminated, StopFunc included, and only then deletes the claim;
@@ -213,13 +215,15 @@
 // # Goroutines
 //
 // [New] starts none. [Replica.Join] starts the replica's loop goroutine,
-// which owns all others: the keepalive goroutine of the current lease, the
-// workers that create and delete claims, and the short ones that open the
-// watch and request its progress, joined when that lease's epoch ends.
-// [Replica.Leave] and [Replica.Close] join the loop. Each [Replica.Events]
-// subscription has a goroutine that hands its events over, owned by the
-// subscriber: it ends when the subscriber's context ends or after the
-// replica's last event, closing the channel. The controllers' goroutines belong to the
-// replica's inner [controller.Manager], which removes and waits for them
-// whenever a name leaves the replica.
+// which owns all others: the keepalive goroutine of the current lease, two
+// claim workers (however many names there are), one worker per name being
+// released (it waits for the controller, then deletes the claim), and the
+// short ones that open the watch and request its progress, all joined when
+// that lease's epoch ends. [Replica.Leave] and [Replica.Close] join the
+// loop. Each [Replica.Events] subscription has a goroutine that hands its
+// events over, owned by the subscriber: it ends when the subscriber's
+// context ends or after the replica's last event, closing the channel. The
+// controllers' goroutines belong to the replica's inner
+// [controller.Manager], which removes and waits for them whenever a name
+// leaves the replica.
 package ha

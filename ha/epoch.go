@@ -33,6 +33,7 @@ type epoch struct {
 	stopRenew context.CancelFunc
 	renewed   chan struct{} // closed when the keepalive goroutine has returned
 	results   chan result   // workers → loop; a worker gives up sending once ctx ends
+	claims    *claimQueue   // loop → claim workers: the names to claim
 	sem       chan struct{} // bounds the etcd requests of the workers in flight
 
 	// wg counts the keepalive goroutine and the workers: each is owned by
@@ -108,6 +109,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		lease:   g.ID,
 		fence:   f,
 		results: make(chan result, maxInFlight),
+		claims:  newClaimQueue(),
 		sem:     make(chan struct{}, maxInFlight),
 	}
 	ep.ctx, ep.cancel = context.WithCancel(r.stopping)
@@ -117,8 +119,11 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	r.lease, r.fence = g.ID, f
 	r.allDirty = true
 	r.mu.Unlock()
-	ep.wg.Add(1)
+	ep.wg.Add(1 + claimWorkers)
 	go r.keepAlive(ep) // joined by endEpoch through ep.wg
+	for range claimWorkers {
+		go r.claimWorker(ep) // joined by endEpoch through ep.wg
+	}
 	r.log.WithField("lease", fmt.Sprintf("%x", int64(g.ID))).Infof("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl)
 	r.emit(Event{Kind: LeaseGained, Lease: g.ID})
 	return ep, nil

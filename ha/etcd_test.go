@@ -26,10 +26,12 @@ import (
 )
 
 // testEtcd is the address of the tests' etcd; "" when none could start
-// (then etcdStartErr says why). testEtcdVersion is the version it reports.
+// (then etcdStartErr says why). testEtcdVersion is the version it reports,
+// testEtcdBin its binary, for tests that start one of their own.
 var (
 	testEtcd        string
 	testEtcdVersion string
+	testEtcdBin     string
 	etcdStartErr    error
 )
 
@@ -105,8 +107,9 @@ func startEtcd() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	testEtcdBin = bin
 	for range 3 {
-		stop, err = startEtcdOnce(bin)
+		testEtcd, stop, err = startEtcdOnce(bin)
 		if err == nil {
 			break
 		}
@@ -289,34 +292,36 @@ func askEtcdVersion(addr string) (string, error) {
 	return resp.Version, nil
 }
 
-func startEtcdOnce(bin string) (func(), error) {
+// startEtcdOnce starts the etcd at bin, with extra flags, and returns its
+// client address.
+func startEtcdOnce(bin string, extra ...string) (string, func(), error) {
 	base := ""
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
 		base = "/dev/shm" // etcd fsyncs every write: memory is faster than a disk
 	}
 	dir, err := os.MkdirTemp(base, "ha-etcd-")
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	cport, err := freePort()
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	pport, err := freePort()
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	client := fmt.Sprintf("http://127.0.0.1:%d", cport)
 	peer := fmt.Sprintf("http://127.0.0.1:%d", pport)
-	cmd := exec.Command(bin,
+	cmd := exec.Command(bin, append([]string{
 		"--name", "ha-test",
 		"--data-dir", filepath.Join(dir, "data"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "ha-test="+peer,
+		"--initial-cluster", "ha-test=" + peer,
 		"--heartbeat-interval", "10", "--election-timeout", "100",
 		"--log-level", "warn", "--logger", "zap",
-	)
+	}, extra...)...)
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "ETCD_") { // etcd reads ETCD_* as flags
@@ -326,11 +331,11 @@ func startEtcdOnce(bin string) (func(), error) {
 	cmd.Env = env
 	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }() // joined by stop, or below
@@ -348,17 +353,16 @@ func startEtcdOnce(bin string) (func(), error) {
 			exited <- err
 			logs, _ := os.ReadFile(filepath.Join(dir, "etcd.log"))
 			stop()
-			return nil, fmt.Errorf("etcd exited: %v: %s", err, tail(logs, 2000))
+			return "", nil, fmt.Errorf("etcd exited: %v: %s", err, tail(logs, 2000))
 		default:
 		}
 		if etcdServes(addr) {
-			testEtcd = addr
-			return stop, nil
+			return addr, stop, nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	stop()
-	return nil, fmt.Errorf("etcd at %s did not serve within 15s", addr)
+	return "", nil, fmt.Errorf("etcd at %s did not serve within 15s", addr)
 }
 
 func etcdServes(addr string) bool {

@@ -6,6 +6,7 @@ package ha
 import (
 	"context"
 	"errors"
+	"flag"
 	"sync"
 	"testing"
 	"time"
@@ -269,12 +270,14 @@ func TestConcurrentStartMovesNothing(t *testing.T) {
 	}
 }
 
+var startNames = flag.Int("ha.start", 0, "run TestConcurrentStartMeasurement with this many names (the README's figures: 1000)")
+
 // TestConcurrentStartMeasurement reports how many names move after a
 // start together, for the README: joining before or after registering,
 // without settling and with the default.
 func TestConcurrentStartMeasurement(t *testing.T) {
-	if *scaleNames == 0 {
-		t.Log("a measurement, not a test: run it with -ha.scale=1000")
+	if *startNames == 0 {
+		t.Log("a measurement, not a test: run it with -ha.start=1000")
 		return
 	}
 	const rounds = 8
@@ -282,7 +285,7 @@ func TestConcurrentStartMeasurement(t *testing.T) {
 		for _, settle := range []time.Duration{-1, 0} {
 			var moved []int
 			for range rounds {
-				moved = append(moved, concurrentStartMoves(t, *scaleNames, settle, joinFirst))
+				moved = append(moved, concurrentStartMoves(t, *startNames, settle, joinFirst))
 			}
 			order := "New, UpdateController, Join"
 			if joinFirst {
@@ -292,7 +295,7 @@ func TestConcurrentStartMeasurement(t *testing.T) {
 			if settle == 0 {
 				settled = defaultSettle.String() + " (the default)"
 			}
-			t.Logf("%s; Settle %s: names moved after a start together, of %d, in %d rounds: %v", order, settled, *scaleNames, rounds, moved)
+			t.Logf("%s; Settle %s: names moved after a start together, of %d, in %d rounds: %v", order, settled, *startNames, rounds, moved)
 		}
 	}
 }

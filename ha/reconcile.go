@@ -21,20 +21,18 @@ const retryAfter = 100 * time.Millisecond
 type resultKind uint8
 
 const (
-	acquired resultKind = iota // the claim is ours (ok) or held by another
+	acquired resultKind = iota // a batch of claims, each ours or held by another
 	released                   // the controller terminated and the claim is deleted
 	rewrote                    // the member key is ours again (ok) or held under another lease
 )
 
 // result is a worker's report to the loop.
 type result struct {
-	kind resultKind
-	name string
-	ok   bool       // acquired: the claim is ours
-	rev  int64      // acquired and ok: the claim's create revision
-	view *claimView // acquired and not ok: the claim found, at header revision hdr
-	hdr  int64
-	err  error
+	kind   resultKind
+	name   string     // released
+	ok     bool       // rewrote: the member key is ours
+	view   *claimView // rewrote and not ok: the member key found
+	claims []claimed  // acquired: the outcome of each name of the batch
 }
 
 // serve runs one epoch until its fence passes (it returns nil) or a stop
@@ -250,8 +248,7 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		}
 		s = newSlot(acquiring)
 		r.slots[name] = s
-		ep.wg.Add(1)
-		go r.acquire(ep, name) // owned by the loop; joined by endEpoch through ep.wg
+		ep.claims.add(name) // a claim worker takes it
 	case s == nil:
 		if c, held := r.claims[name]; held && c.lease == ep.lease {
 			s = newSlot(releasing)
@@ -272,40 +269,6 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 			r.releaseLocked(ep, name, s, ReasonMoved)
 		}
 	}
-}
-
-// acquire creates name's claim key under the epoch's lease if it is
-// absent, and reports to the loop. A key already under this lease (an
-// answer lost to a timeout) is ours as well.
-func (r *Replica) acquire(ep *epoch, name string) {
-	defer ep.wg.Done()
-	res := result{kind: acquired, name: name}
-	key := r.keys.claims + name
-	select {
-	case ep.sem <- struct{}{}:
-	case <-ep.ctx.Done():
-		return
-	}
-	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
-	created, kv, hdr, err := r.createIfAbsent(ctx, key, ep.lease)
-	cancel()
-	<-ep.sem
-	switch {
-	case err != nil:
-		res.err = err
-	case created:
-		res.ok, res.rev = true, hdr
-	default:
-		res.hdr = hdr
-		if kv != nil {
-			if clientv3.LeaseID(kv.Lease) == ep.lease {
-				res.ok, res.rev = true, kv.CreateRevision
-			} else {
-				res.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
-			}
-		}
-	}
-	r.report(ep, res)
 }
 
 func (r *Replica) report(ep *epoch, res result) {
@@ -459,46 +422,24 @@ func (r *Replica) handle(ep *epoch, res result) {
 		}
 		return
 	}
+	if res.kind == acquired {
+		for _, c := range res.claims {
+			r.handleClaimedLocked(ep, c)
+		}
+		return
+	}
 	s := r.slots[res.name]
 	if s == nil {
 		return
 	}
-	log := r.log.WithField("name", res.name)
 	switch res.kind {
 	case released:
 		delete(r.slots, res.name)
 		s.end()
-		log.Info("released: stopped here, claim deleted")
+		r.log.WithField("name", res.name).Info("released: stopped here, claim deleted")
 		r.dirty[res.name] = struct{}{}
 		if s.reason != "" {
 			r.emit(Event{Kind: Released, Lease: ep.lease, Name: res.name, Revision: s.claim.Revision, Reason: s.reason})
-		}
-	case acquired:
-		switch {
-		case res.err != nil:
-			delete(r.slots, res.name)
-			s.end()
-			log.WithError(res.err).Debug("claiming")
-			r.retryLater(ep, res.name)
-		case !res.ok:
-			delete(r.slots, res.name)
-			s.end()
-			if res.view != nil && res.hdr > r.viewRev {
-				// The view has not seen this key yet; wait for its deletion.
-				r.claims[res.name] = *res.view
-			}
-			r.dirty[res.name] = struct{}{}
-		default:
-			s.claim = Claim{Key: r.keys.claims + res.name, Revision: res.rev}
-			p, registered := r.regs[res.name]
-			if registered && r.ownerLocked(res.name) == r.opts.ID && ep.fence.open() {
-				s.state = running
-				r.installLocked(res.name, s, p)
-				log.WithField("revision", res.rev).Info("claimed: running here")
-				r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: res.name, Revision: res.rev})
-			} else {
-				r.releaseLocked(ep, res.name, s, "")
-			}
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bgctl/controller"
@@ -53,6 +54,11 @@ type Replica struct {
 	stopErr  error // written by the loop before it closes done
 
 	events eventHub // Events' subscribers; guarded by its own lock
+
+	// claimBatch is how many names a claim transaction holds: maxClaimBatch,
+	// halved by the claim workers for a server that takes fewer operations
+	// (claimAll). Atomic.
+	claimBatch atomic.Int32
 
 	// stopping parents every etcd request of the loop and of its epochs;
 	// abort cancels it when Close is called or Leave's context ends, so
@@ -221,6 +227,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		claims:  make(map[string]claimView),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
+	r.claimBatch.Store(maxClaimBatch)
 	return r, nil
 }
 

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,7 +19,6 @@ import (
 var (
 	scheduleFor  = flag.Duration("ha.schedule", 8*time.Second, "how long TestRandomSchedule runs its schedule (CI: 60s)")
 	scheduleSeed = flag.Uint64("ha.seed", 0, "the seed of TestRandomSchedule; 0: from the clock. The log names it.")
-	scaleNames   = flag.Int("ha.scale", 0, "run TestScaleMeasurement with this many names (the README's figures: 10000)")
 )
 
 // The schedule picks each operation and pause from the seed, so a seed
@@ -187,38 +185,4 @@ func (c *cluster) deleteMemberKey(n *node) {
 	if _, err := n.cli.Delete(ctx, c.prefix+"/members/"+n.id); err != nil {
 		c.t.Logf("deleting %s's member key: %v", n.id, err)
 	}
-}
-
-// TestScaleMeasurement measures, for -ha.scale names over three replicas,
-// the time to converge after every replica registered every name, and the
-// time until a crashed replica's names all run elsewhere. It reports; it
-// asserts only that nothing overlapped.
-func TestScaleMeasurement(t *testing.T) {
-	if *scaleNames == 0 {
-		t.Log("a measurement, not a test: run it with -ha.scale=10000 (CI does)")
-		return
-	}
-	c := newCluster(t, *scaleNames, testOptions())
-	ids := []string{"r0", "r1", "r2"}
-	var nodes []*node
-	for _, id := range ids {
-		nodes = append(nodes, c.joinEmpty(id))
-	}
-	start := time.Now()
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		wg.Add(1)
-		go func() { defer wg.Done(); c.register(n) }() // joined below
-	}
-	wg.Wait()
-	want := c.expected(ids)
-	c.waitPlacement(want, 5*time.Minute)
-	converge := time.Since(start)
-	t.Logf("scale: %d names over 3 replicas converged in %v (r0 %d, r1 %d, r2 %d names)",
-		len(c.names), converge, len(namesOn(want, "r0")), len(namesOn(want, "r1")), len(namesOn(want, "r2")))
-	moved := len(namesOn(want, "r0"))
-	c.crash(c.nodes["r0"])
-	took := c.waitPlacement(c.expected([]string{"r1", "r2"}), 5*time.Minute)
-	t.Logf("scale: r0 crashed; its %d names all ran elsewhere %v later (TTL %v); fences passed in all: %d", moved, took, c.opts.TTL, fencesPassed.n.Load())
-	c.rec.assertNoOverlap(t)
 }

@@ -1,0 +1,250 @@
+// Claiming: a few workers create the claims of the names a replica owns,
+// many names to an etcd transaction.
+
+package ha
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// claimWorkers is how many claim transactions one replica has in flight at
+// once: with claimBatch names each, enough to keep etcd busy (one
+// transaction at a time nearly does), few enough that etcd's queue of
+// writes stays short, for a keepalive waits behind it.
+const claimWorkers = 2
+
+// maxClaimBatch is how many names one claim transaction creates at most:
+// etcd's default --max-txn-ops, which bounds each of a transaction's
+// comparisons, its operations on success and those on failure. A server
+// started with less answers ErrTooManyOps; the replica then halves its
+// batches (Replica.claimBatch) until the server takes them.
+const maxClaimBatch = 128
+
+// claimed is the outcome of one name's claim.
+type claimed struct {
+	name string
+	ok   bool       // the claim is ours
+	rev  int64      // ok: its create revision
+	view *claimView // not ok: the claim another lease holds, read at hdr
+	hdr  int64
+	err  error // the request failed: try again later
+}
+
+// claimQueue holds the names in state acquiring that no claim worker has
+// taken yet: the loop adds them (stepLocked), the workers take them a
+// batch at a time, without waiting for the loop.
+type claimQueue struct {
+	ready chan struct{} // capacity 1: names were added, or remain after a take
+
+	mu    sync.Mutex
+	names []string // guarded by mu
+}
+
+func newClaimQueue() *claimQueue {
+	return &claimQueue{ready: make(chan struct{}, 1)}
+}
+
+func (q *claimQueue) add(name string) {
+	q.mu.Lock()
+	q.names = append(q.names, name)
+	q.mu.Unlock()
+	q.signal()
+}
+
+// take removes and returns up to n names, nil when there are none, and
+// wakes another worker when some remain.
+func (q *claimQueue) take(n int) []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.names) == 0 {
+		return nil
+	}
+	batch := make([]string, min(n, len(q.names)))
+	copy(batch, q.names)
+	q.names = q.names[len(batch):]
+	if len(q.names) > 0 {
+		q.signal()
+	} else {
+		q.names = nil // lets the array go
+	}
+	return batch
+}
+
+func (q *claimQueue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// claimWorker claims the names queued in ep.claims, a batch at a time,
+// until the epoch ends. Owned by the loop, which starts claimWorkers of
+// them with the epoch; joined by endEpoch through ep.wg.
+func (r *Replica) claimWorker(ep *epoch) {
+	defer ep.wg.Done()
+	for {
+		if names := ep.claims.take(int(r.claimBatch.Load())); names != nil {
+			r.claimAll(ep, names)
+			continue
+		}
+		select {
+		case <-ep.claims.ready:
+		case <-ep.ctx.Done():
+			return
+		}
+	}
+}
+
+// claimAll creates the claims of names that are absent, in transactions of
+// claimBatch names each, and reports every outcome to the loop at once. A
+// transaction whose comparisons fail (some claim exists) reads every key
+// instead: the names held elsewhere are settled, and those that were
+// absent are claimed again, in one batch more, then one by one, so that a
+// name taken by another replica never costs the others more than that.
+func (r *Replica) claimAll(ep *epoch, names []string) {
+	out := make([]claimed, 0, len(names))
+	todo := names
+	for round := 0; len(todo) > 0; round++ {
+		var absent []string
+		for len(todo) > 0 {
+			size := int(r.claimBatch.Load())
+			if round >= 2 {
+				size = 1 // a single key is created, or read: never absent again
+			}
+			chunk := todo[:min(size, len(todo))]
+			got, missing, err := r.claimChunk(ep, chunk)
+			if len(chunk) > 1 && isTooManyOps(err) {
+				// The server takes fewer operations per transaction:
+				// halve, once for all workers, and try the chunk again.
+				r.claimBatch.CompareAndSwap(int32(size), int32(size/2))
+				continue
+			}
+			todo = todo[len(chunk):]
+			if err != nil {
+				for _, name := range chunk {
+					out = append(out, claimed{name: name, err: err})
+				}
+				continue
+			}
+			out = append(out, got...)
+			absent = append(absent, missing...)
+		}
+		todo = absent
+	}
+	r.report(ep, result{kind: acquired, claims: out})
+}
+
+// claimChunk creates the claims of names under the epoch's lease in one
+// transaction if none exists, and else reads them all. It returns the
+// names claimed or found held, and those that were absent when others
+// existed. A claim already under this lease (an answer lost to a timeout)
+// is ours as well. The reads are a second request rather than the
+// transaction's Else: a third of every request for what seldom happens.
+func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent []string, err error) {
+	cmps := make([]clientv3.Cmp, len(names))
+	puts := make([]clientv3.Op, len(names))
+	for i, name := range names {
+		key := r.keys.claims + name
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		puts[i] = clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(ep.lease))
+	}
+	// etcd answers a keepalive only once it has applied the writes before
+	// it, so claims that pile up there can pass the fence of the replica
+	// making them. While two keepalives in a row went unanswered (less
+	// than half the fence's window left), add no more.
+	for ep.fence.remaining() < r.opts.window()/2 {
+		if !pause(ep.ctx, r.opts.keepAliveEvery()/4) {
+			return nil, nil, ep.ctx.Err()
+		}
+	}
+	select {
+	case ep.sem <- struct{}{}:
+	case <-ep.ctx.Done():
+		return nil, nil, ep.ctx.Err()
+	}
+	defer func() { <-ep.sem }()
+	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	defer cancel()
+	resp, err := r.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	if err != nil {
+		return nil, nil, err
+	}
+	got = make([]claimed, 0, len(names))
+	if resp.Succeeded {
+		for _, name := range names {
+			got = append(got, claimed{name: name, ok: true, rev: resp.Header.Revision})
+		}
+		return got, nil, nil
+	}
+	gets := make([]clientv3.Op, len(names))
+	for i, name := range names {
+		gets[i] = clientv3.OpGet(r.keys.claims + name)
+	}
+	if resp, err = r.cli.Txn(ctx).Then(gets...).Commit(); err != nil {
+		return nil, nil, err
+	}
+	hdr := resp.Header.Revision
+	for i, name := range names {
+		kvs := resp.Responses[i].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			absent = append(absent, name)
+			continue
+		}
+		kv := kvs[0]
+		c := claimed{name: name, hdr: hdr}
+		if clientv3.LeaseID(kv.Lease) == ep.lease {
+			c.ok, c.rev = true, kv.CreateRevision
+		} else {
+			c.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		}
+		got = append(got, c)
+	}
+	return got, absent, nil
+}
+
+func isTooManyOps(err error) bool {
+	return errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrGRPCTooManyOps)
+}
+
+// handleClaimedLocked applies the outcome of one name's claim: a claim
+// ours, while the name is still ours, registered and the fence open, is
+// installed (rule 1); ours otherwise is released at once; held elsewhere,
+// it waits for its deletion; a failed request is tried again later.
+func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
+	s := r.slots[c.name]
+	if s == nil || s.state != acquiring {
+		return
+	}
+	log := r.log.WithField("name", c.name)
+	switch {
+	case c.err != nil:
+		delete(r.slots, c.name)
+		s.end()
+		log.WithError(c.err).Debug("claiming")
+		r.retryLater(ep, c.name)
+	case !c.ok:
+		delete(r.slots, c.name)
+		s.end()
+		if c.view != nil && c.hdr > r.viewRev {
+			// The view has not seen this key yet; wait for its deletion.
+			r.claims[c.name] = *c.view
+		}
+		r.dirty[c.name] = struct{}{}
+	default:
+		s.claim = Claim{Key: r.keys.claims + c.name, Revision: c.rev}
+		p, registered := r.regs[c.name]
+		if registered && r.ownerLocked(c.name) == r.opts.ID && ep.fence.open() {
+			s.state = running
+			r.installLocked(c.name, s, p)
+			log.WithField("revision", c.rev).Info("claimed: running here")
+			r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: c.name, Revision: c.rev})
+		} else {
+			r.releaseLocked(ep, c.name, s, "")
+		}
+	}
+}
