@@ -64,7 +64,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	}
 	if granted := time.Duration(g.TTL) * time.Second; granted != ttl {
 		// The fence keeps counting with the TTL asked for, the shorter.
-		r.log.Warnf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl)
+		r.log.Warn(fmt.Sprintf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl))
 	}
 	f := newFence(sent.Add(r.opts.window()))
 	fail := func(err error) (*epoch, error) {
@@ -116,7 +116,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	r.mu.Unlock()
 	ep.wg.Add(1)
 	go r.keepAlive(ep) // joined by endEpoch through ep.wg
-	r.log.WithField("lease", fmt.Sprintf("%x", int64(g.ID))).Infof("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl)
+	r.log.Info(fmt.Sprintf("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl), "lease", fmt.Sprintf("%x", int64(g.ID)))
 	return ep, nil
 }
 
@@ -195,7 +195,7 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 		if err == nil {
 			return ep, nil
 		}
-		r.log.WithError(err).Debug("joining again")
+		r.log.Debug("joining again", "error", err)
 		t := time.NewTimer(wait)
 		select {
 		case req := <-r.stopReq:
@@ -251,13 +251,13 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	var pending []string
 	switch {
 	case req == nil:
-		r.log.WithError(context.Cause(ep.fence.ctx)).Warn("fence passed: stopping every controller here, without their StopFuncs, until etcd answers again")
+		r.log.Warn("fence passed: stopping every controller here, without their StopFuncs, until etcd answers again", "error", context.Cause(ep.fence.ctx))
 		r.inner.RemoveAll()
 		inMargin, cancel := context.WithTimeout(context.Background(), r.opts.Margin)
 		pending, req = awaitStopped(stopping, inMargin.Done(), r.stopReq)
 		cancel()
 		if len(pending) > 0 && req == nil {
-			r.log.Warnf("still running %v after the fence passed, past their Margin: they may overlap the next holder: %s", r.opts.Margin, strings.Join(pending, ", "))
+			r.log.Warn(fmt.Sprintf("still running %v after the fence passed, past their Margin: they may overlap the next holder: %s", r.opts.Margin, strings.Join(pending, ", ")))
 			pending, req = awaitStopped(stopping, nil, r.stopReq)
 		}
 		if req != nil && len(pending) > 0 {

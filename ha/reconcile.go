@@ -42,7 +42,7 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 	for {
 		if ep.watch == nil && ep.retry == nil {
 			if err := r.relist(ep); err != nil {
-				r.log.WithError(err).Debug("listing members and claims")
+				r.log.Debug("listing members and claims", "error", err)
 				r.retryLater(ep)
 			}
 		}
@@ -218,7 +218,7 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		c, held := r.claims[name]
 		lost := r.viewRev >= s.claim.Revision && (!held || c.rev != s.claim.Revision)
 		if lost {
-			r.log.WithField("name", name).Warn("claim deleted under a running controller: stopping it")
+			r.log.Warn("claim deleted under a running controller: stopping it", "name", name)
 		}
 		if !ours || lost {
 			r.releaseLocked(ep, name, s, true)
@@ -414,19 +414,18 @@ func (r *Replica) handle(ep *epoch, res result) {
 	if s == nil {
 		return
 	}
-	log := r.log.WithField("name", res.name)
 	switch res.kind {
 	case released:
 		delete(r.slots, res.name)
 		s.end()
-		log.Info("released: stopped here, claim deleted")
+		r.log.Info("released: stopped here, claim deleted", "name", res.name)
 		r.dirty[res.name] = struct{}{}
 	case acquired:
 		switch {
 		case res.err != nil:
 			delete(r.slots, res.name)
 			s.end()
-			log.WithError(res.err).Debug("claiming")
+			r.log.Debug("claiming", "name", res.name, "error", res.err)
 			r.retryLater(ep, res.name)
 		case !res.ok:
 			delete(r.slots, res.name)
@@ -442,7 +441,7 @@ func (r *Replica) handle(ep *epoch, res result) {
 			if registered && r.ownerLocked(res.name) == r.opts.ID && ep.fence.open() {
 				s.state = running
 				r.installLocked(res.name, s, p)
-				log.WithField("revision", res.rev).Info("claimed: running here")
+				r.log.Info("claimed: running here", "name", res.name, "revision", res.rev)
 			} else {
 				r.releaseLocked(ep, res.name, s, false)
 			}

@@ -6,11 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 
 	"github.com/bgctl/controller"
-	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -37,7 +37,7 @@ type Replica struct {
 	cli   *clientv3.Client
 	opts  Options
 	keys  keys
-	log   *logrus.Entry
+	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
 	inner *controller.Manager
 
 	// wake (capacity 1) tells the loop that registrations changed; stopReq
@@ -179,18 +179,13 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 	if err != nil {
 		return nil, err
 	}
-	var log *logrus.Entry
-	if opts.Logger != nil {
-		log = opts.Logger.WithField("replica", opts.ID)
-	} else {
-		log = logrus.StandardLogger().WithField("replica", opts.ID)
-	}
+	inner := controller.NewManager(managerOptions(opts)...)
 	r := &Replica{
 		cli:     cli,
 		opts:    opts,
 		keys:    keysOf(opts.Prefix),
-		log:     log,
-		inner:   controller.NewManager(append([]controller.Option{controller.WithLogger(log)}, opts.ManagerOptions...)...),
+		log:     inner.Logger(),
+		inner:   inner,
 		wake:    make(chan struct{}, 1),
 		stopReq: make(chan stopRequest, 1),
 		done:    make(chan struct{}),
@@ -206,6 +201,18 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 	}
 	go r.run(ep) // joined by Leave and Close, through r.done
 	return r, nil
+}
+
+// managerOptions are the options of a replica's inner Manager: the
+// Logger, the user's options, then the replica's ID on every line of the
+// Manager's sink, which the replica's own lines share.
+func managerOptions(opts Options) []controller.Option {
+	mopts := make([]controller.Option, 0, len(opts.ManagerOptions)+2)
+	if opts.Logger != nil {
+		mopts = append(mopts, controller.WithLogger(opts.Logger))
+	}
+	mopts = append(mopts, opts.ManagerOptions...)
+	return append(mopts, controller.WithLogAttrs(slog.String("replica", opts.ID)))
 }
 
 // ID returns the replica's member ID.
