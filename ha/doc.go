@@ -82,6 +82,29 @@
 // transaction guarded by [Claim.Held]; etcd refuses it once the claim has
 // been deleted or created anew.
 //
+// # Server versions
+//
+// Rule 3 trusts an answered keepalive: the server keeps the lease for TTL
+// from when it received it. Two etcd server bugs break that, and the
+// fence with it:
+//
+//   - a leader stuck on a slow disk or CPU went on revoking expired
+//     leases after a new leader had been elected, so leases kept alive
+//     through the new leader ended (etcd issue 15247; fixed by pull
+//     request 16822, in 3.6.0, backported to 3.5.13 and 3.4.31);
+//   - a keepalive that arrived while its lease was being revoked was
+//     answered as a renewal (fixed by pull request 20590, backported to
+//     3.6.5, 3.5.23 and 3.4.38).
+//
+// This package therefore supports etcd 3.5.23 or later on the 3.5 line,
+// 3.6.5 or later on the 3.6 line, and every release from 3.7.0 on. Its
+// tests run against 3.7.3 and 3.5.23. The 3.4 line carries both fixes
+// from 3.4.38, but it ended with 3.4.45 and is not tested, so it is not
+// supported. [Join] asks each endpoint of its client for its version (the
+// maintenance Status call, waiting at most RequestTimeout) and logs one
+// warning naming the oldest server below these; an endpoint that does not
+// answer is logged at Debug and does not fail Join.
+//
 // # What a DoFunc must do
 //
 // Everything the controller package asks (see its documentation), and:

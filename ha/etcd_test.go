@@ -1,6 +1,8 @@
-// The etcd the tests run against: started once per test binary on free
-// loopback ports in a temporary directory, without the ETCD_* variables of
-// the environment.
+// The etcd the tests run against: a pinned release, built once from the Go
+// module proxy into a cache (or found on PATH when it is that release),
+// started once per test binary on free loopback ports in a temporary
+// directory, without the ETCD_* variables of the environment.
+
 package ha
 
 import (
@@ -11,7 +13,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,11 +26,23 @@ import (
 )
 
 // testEtcd is the address of the tests' etcd; "" when none could start
-// (then etcdStartErr says why).
+// (then etcdStartErr says why). testEtcdVersion is the version it reports.
 var (
-	testEtcd     string
-	etcdStartErr error
+	testEtcd        string
+	testEtcdVersion string
+	etcdStartErr    error
 )
+
+// currentEtcd is the etcd release the tests run against by default: the
+// latest release of the current line. CI also runs them against the oldest
+// supported release (supportedServers in version.go).
+const currentEtcd = "v3.7.3"
+
+var etcdRelease = flag.String("ha.etcd", "", "the etcd release to test against, e.g. v3.5.23; built from the Go module proxy into the user cache directory once (default: $"+etcdReleaseEnv+", else "+currentEtcd+")")
+
+// etcdReleaseEnv names the etcd release to test against when -ha.etcd is
+// not given.
+const etcdReleaseEnv = "HA_ETCD_VERSION"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -56,8 +73,9 @@ func TestMain(m *testing.M) {
 }
 
 // needEtcd fails a test when no etcd could start, in CI and out of it: a
-// replica test that did not run has shown nothing. Installing etcd (Debian:
-// etcd-server) or putting it on PATH mends it.
+// replica test that did not run has shown nothing. The tests build their
+// etcd with the go command and the Go module proxy (GOPROXY), so either
+// being unreachable is the usual cause.
 func needEtcd(t testing.TB) {
 	t.Helper()
 	if testEtcd == "" {
@@ -75,20 +93,200 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// startEtcd starts an etcd with short election timers and waits until it
-// serves. It tries three times, as a free port may be taken meanwhile.
+// startEtcd gets the etcd release asked for, starts it with short election
+// timers and waits until it serves and reports that release. It tries
+// three times, as a free port may be taken meanwhile.
 func startEtcd() (stop func(), err error) {
-	bin, err := exec.LookPath("etcd")
+	release, err := wantedEtcd()
 	if err != nil {
-		return nil, fmt.Errorf("no etcd binary on PATH (Debian: apt-get install etcd-server): %w", err)
+		return nil, err
+	}
+	bin, err := etcdBinary(release)
+	if err != nil {
+		return nil, err
 	}
 	for range 3 {
 		stop, err = startEtcdOnce(bin)
 		if err == nil {
-			return stop, nil
+			break
 		}
 	}
-	return nil, err
+	if err != nil {
+		return nil, err
+	}
+	v, err := askEtcdVersion(testEtcd)
+	if err == nil && "v"+v != release {
+		err = fmt.Errorf("%s reports etcd %s, not %s", bin, v, release)
+	}
+	if err != nil {
+		testEtcd = ""
+		stop()
+		return nil, err
+	}
+	testEtcdVersion = v
+	return stop, nil
+}
+
+// wantedEtcd returns the release -ha.etcd, $HA_ETCD_VERSION or currentEtcd
+// names, checked: the tests build go.etcd.io/etcd/server/v3, so only a v3
+// release will do.
+func wantedEtcd() (string, error) {
+	release, from := *etcdRelease, "-ha.etcd"
+	if release == "" {
+		release, from = os.Getenv(etcdReleaseEnv), "$"+etcdReleaseEnv
+	}
+	if release == "" {
+		return currentEtcd, nil
+	}
+	if !etcdReleasePattern.MatchString(release) {
+		return "", fmt.Errorf("%s=%q: want an etcd v3 release such as %s", from, release, currentEtcd)
+	}
+	return release, nil
+}
+
+var etcdReleasePattern = regexp.MustCompile(`^v3\.[0-9]+\.[0-9]+$`)
+
+// etcdBinary returns the path of an etcd binary of release: etcd on PATH
+// when it is that release, else the one in the cache, built first if need
+// be.
+func etcdBinary(release string) (string, error) {
+	if bin, err := exec.LookPath("etcd"); err == nil {
+		if v, err := binaryRelease(bin); err == nil && v == release {
+			return bin, nil
+		}
+	}
+	dir, err := etcdCacheDir(release)
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "etcd")
+	if v, err := binaryRelease(bin); err == nil && v == release {
+		return bin, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	// Test binaries that start at once (go test ./..., several
+	// checkouts) build one at a time: the later ones find the binary
+	// after the lock. The rename below keeps a binary whole without it.
+	unlock, err := lockFile(filepath.Join(dir, "lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if v, err := binaryRelease(bin); err == nil && v == release {
+		return bin, nil
+	}
+	return bin, buildEtcd(release, bin)
+}
+
+// etcdCacheDir is where the binary of release is kept between runs:
+// <user cache dir>/bgctl-controller-ha/etcd/<release> ($XDG_CACHE_HOME or
+// ~/.cache on Linux). .ci/run spells out the same path for the example.
+func etcdCacheDir(release string) (string, error) {
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache directory for the tests' etcd: %w", err)
+	}
+	return filepath.Join(base, "bgctl-controller-ha", "etcd", release), nil
+}
+
+// buildEtcd builds go.etcd.io/etcd/server/v3 at release into bin, in a
+// module of its own so that the ha module's requirements do not change
+// etcd's, and moves it into place only once it runs and reports release.
+func buildEtcd(release, bin string) error {
+	gocmd, err := exec.LookPath("go") // go test puts its own first on PATH
+	if err != nil {
+		return fmt.Errorf("no go command to build etcd %s with: %w", release, err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(bin), "build-") // beside bin, so the rename is atomic
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	fmt.Fprintf(stderr, "ha tests: building etcd %s from the Go module proxy into %s (once; a minute or two)\n", release, bin)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var env []string
+	for _, kv := range os.Environ() {
+		switch strings.SplitN(kv, "=", 2)[0] {
+		case "GOFLAGS", "GOWORK", "GOOS", "GOARCH", "CGO_ENABLED":
+		default:
+			env = append(env, kv)
+		}
+	}
+	// The host's platform, whatever the environment sets for the tests;
+	// no C toolchain needed, as for etcd's own release builds.
+	env = append(env, "GOWORK=off", "GOFLAGS=-mod=mod", "CGO_ENABLED=0", "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+	built := filepath.Join(tmp, "etcd")
+	for _, args := range [][]string{
+		{"mod", "init", "etcd-for-ha-tests"},
+		{"get", "go.etcd.io/etcd/server/v3@" + release},
+		{"build", "-trimpath", "-o", built, "go.etcd.io/etcd/server/v3"},
+	} {
+		cmd := exec.CommandContext(ctx, gocmd, args...)
+		cmd.Dir, cmd.Env = tmp, env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building etcd %s: go %s: %v: %s", release, strings.Join(args, " "), err, tail(out, 2000))
+		}
+	}
+	if v, err := binaryRelease(built); err != nil || v != release {
+		return fmt.Errorf("building etcd %s: the binary reports %q (%v)", release, v, err)
+	}
+	if err := os.Rename(built, bin); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "ha tests: built etcd %s in %v\n", release, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// binaryRelease runs bin --version and returns the release it reports,
+// "v3.7.3".
+func binaryRelease(bin string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(line, "etcd Version:"); ok {
+			return "v" + strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("%s --version names no version: %s", bin, tail(out, 200))
+}
+
+// lockFile takes an exclusive lock on path, waiting for it, and returns
+// its release.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil // closing the file drops the lock
+}
+
+// askEtcdVersion returns the version the etcd at addr reports in the
+// maintenance Status call, as Join asks it.
+func askEtcdVersion(addr string) (string, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Status(ctx, addr)
+	if err != nil {
+		return "", fmt.Errorf("asking the etcd at %s for its version: %w", addr, err)
+	}
+	return resp.Version, nil
 }
 
 func startEtcdOnce(bin string) (func(), error) {

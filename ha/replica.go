@@ -199,6 +199,7 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 	if err != nil {
 		return nil, err
 	}
+	r.checkServerVersions(ctx)
 	go r.run(ep) // joined by Leave and Close, through r.done
 	return r, nil
 }
