@@ -267,7 +267,7 @@ func TestLostMemberKeyIsWrittenAgain(t *testing.T) {
 	})
 	waitFor(t, "the replica to see itself again", func() bool {
 		st := n.r.Status()
-		return len(st.Members) == 1 && st.Members[0] == "solo"
+		return len(st.Members) == 1 && st.Members[0].ID == "solo"
 	})
 	c.waitPlacement(c.expected([]string{"solo"}), 10*time.Second)
 	c.rec.assertNoOverlap(t)

@@ -234,6 +234,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	r.lease = 0
 	r.fence = ep.fence // done once the fence is stopped below
 	clear(r.members)
+	clear(r.memberLeases)
 	clear(r.claims)
 	r.memberIDs, r.leader, r.viewRev = nil, "", 0
 	// Under mu, so that no install comes between: the slots are gone.

@@ -99,10 +99,19 @@ func (r *Replica) relist(ep *epoch) error {
 	}
 	r.mu.Lock()
 	clear(r.members)
-	clear(r.claims)
+	clear(r.memberLeases)
+	prev := r.claims
+	r.claims = make(map[string]claimView, len(prev))
 	r.memberIDs, r.leader = nil, ""
+	r.listedRev = resp.Header.Revision
 	for _, kv := range resp.Kvs {
-		r.putLocked(kv)
+		r.putLocked(kv, time.Time{})
+	}
+	for name, c := range r.claims {
+		if p, ok := prev[name]; ok && p.rev == c.rev {
+			c.since = p.since // the same holding, seen before this listing
+			r.claims[name] = c
+		}
 	}
 	r.viewRev = resp.Header.Revision
 	r.allDirty = true
@@ -115,11 +124,12 @@ func (r *Replica) relist(ep *epoch) error {
 
 // apply brings a watch response's events into the view.
 func (r *Replica) apply(wr clientv3.WatchResponse) {
+	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ev := range wr.Events {
 		if ev.Type == mvccpb.PUT {
-			r.putLocked(ev.Kv)
+			r.putLocked(ev.Kv, now)
 			continue
 		}
 		key := string(ev.Kv.Key)
@@ -127,6 +137,7 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 			if id == r.opts.ID {
 				r.memberLost = true
 			}
+			delete(r.memberLeases, id)
 			if _, had := r.members[id]; had {
 				delete(r.members, id)
 				r.membershipChangedLocked()
@@ -139,18 +150,27 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 	r.viewRev = max(r.viewRev, wr.Header.Revision)
 }
 
-func (r *Replica) putLocked(kv *mvccpb.KeyValue) {
+// putLocked brings a key into the view. seen is when the watch delivered
+// it; zero from a listing.
+func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 	key := string(kv.Key)
 	if id, ok := strings.CutPrefix(key, r.keys.members); ok {
 		if id == r.opts.ID && clientv3.LeaseID(kv.Lease) != r.lease {
 			r.memberLost = true
 		}
+		r.memberLeases[id] = clientv3.LeaseID(kv.Lease)
 		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
 			r.members[id] = kv.CreateRevision
 			r.membershipChangedLocked()
 		}
 	} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
-		r.claims[name] = claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		c := claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		if old, had := r.claims[name]; had && old.rev == c.rev && !old.since.IsZero() {
+			c.since = old.since // the same holding, put again (a watch replayed from the listing)
+		} else if c.rev > r.listedRev {
+			c.since = seen // created after the listing: seen within a round trip
+		}
+		r.claims[name] = c
 		r.dirty[name] = struct{}{}
 	}
 }
@@ -437,6 +457,7 @@ func (r *Replica) handle(ep *epoch, res result) {
 			r.dirty[res.name] = struct{}{}
 		default:
 			s.claim = Claim{Key: r.keys.claims + res.name, Revision: res.rev}
+			s.since = time.Now()
 			p, registered := r.regs[res.name]
 			if registered && r.ownerLocked(res.name) == r.opts.ID && ep.fence.open() {
 				s.state = running

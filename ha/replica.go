@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/bgctl/controller"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -56,6 +57,7 @@ type Replica struct {
 	//	slots                                   the loop; UpdateController rebinds a running slot's context
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
+	//	memberLeases, listedRev                 the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
 	//
@@ -74,6 +76,9 @@ type Replica struct {
 	viewRev   int64                                  // the etcd revision the view is at
 	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
 	fence     *fence                                 // of the current epoch; a passed one between epochs
+
+	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
+	listedRev    int64                       // the revision of the view's last listing
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
@@ -93,7 +98,8 @@ func keysOf(prefix string) keys {
 type claimView struct {
 	holder string // the key's value: the holder's ID
 	lease  clientv3.LeaseID
-	rev    int64 // create revision
+	rev    int64     // create revision
+	since  time.Time // when the watch brought its creation; zero: it was there when the view was listed
 }
 
 // slotState is where a name claimed by this replica stands. The
@@ -124,6 +130,7 @@ func (s slotState) String() string {
 type slot struct {
 	state   slotState
 	claim   Claim           // set on leaving acquiring
+	since   time.Time       // when the claim's creation was answered; set with claim
 	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
 	userCtx context.Context // the registration's Context ctx was made from
 	cancel  context.CancelCauseFunc
@@ -194,6 +201,8 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 		dirty:   make(map[string]struct{}),
 		members: make(map[string]int64),
 		claims:  make(map[string]claimView),
+
+		memberLeases: make(map[string]clientv3.LeaseID),
 	}
 	ep, err := r.startEpoch(ctx, 0)
 	if err != nil {
