@@ -69,7 +69,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	f := newFence(sent.Add(r.opts.window()))
 	fail := func(err error) (*epoch, error) {
 		f.stop(err)
-		rctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
+		rctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
 		defer cancel()
 		_, _ = r.cli.Revoke(rctx, g.ID) // best effort: it expires anyway
 		return nil, err
@@ -107,7 +107,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		results: make(chan result, maxInFlight),
 		sem:     make(chan struct{}, maxInFlight),
 	}
-	ep.ctx, ep.cancel = context.WithCancel(context.Background())
+	ep.ctx, ep.cancel = context.WithCancel(r.stopping)
 	ep.renew, ep.stopRenew = context.WithCancel(ep.ctx)
 	ep.renewed = make(chan struct{})
 	r.mu.Lock()
@@ -166,6 +166,7 @@ func isLeaseNotFound(err error) bool {
 // or Close. Started by Join; joined by Leave and Close through r.done.
 func (r *Replica) run(ep *epoch) {
 	defer close(r.done)
+	defer r.abort() // releases the context; nothing is left to abort
 	for {
 		req := r.serve(ep)
 		var stopped *stopRequest
@@ -191,7 +192,7 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 			return nil, &req
 		default:
 		}
-		ep, err := r.startEpoch(context.Background(), prev)
+		ep, err := r.startEpoch(r.stopping, prev)
 		if err == nil {
 			return ep, nil
 		}
@@ -296,7 +297,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	}
 	switch {
 	case req == nil:
-		ctx, cancel := context.WithTimeout(context.Background(), r.opts.RequestTimeout)
+		ctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
 		defer cancel()
 		_, _ = r.cli.Revoke(ctx, ep.lease) // best effort: unreachable, it expires
 		return nil, nil
@@ -408,6 +409,17 @@ func (r *Replica) stop(req stopRequest) error {
 		r.closed = true
 		r.mu.Unlock()
 		r.stopReq <- req
+		if req.leave {
+			// Leave's requests go on until its context ends; its own
+			// revocation uses that context.
+			stop := context.AfterFunc(req.ctx, r.abort)
+			defer func() {
+				<-r.done
+				stop()
+			}()
+		} else {
+			r.abort()
+		}
 	})
 	<-r.done
 	return r.stopErr

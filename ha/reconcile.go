@@ -115,6 +115,9 @@ func (r *Replica) relist(ep *epoch) error {
 	}
 	r.viewRev = resp.Header.Revision
 	r.allDirty = true
+	if _, ok := r.members[r.opts.ID]; !ok {
+		r.memberLost = true // deleted while no watch ran (putLocked saw any other lease)
+	}
 	r.mu.Unlock()
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ep.ctx))
 	ep.watch = r.cli.Watch(wctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))

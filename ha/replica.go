@@ -50,6 +50,12 @@ type Replica struct {
 	done     chan struct{}
 	stopErr  error // written by the loop before it closes done
 
+	// stopping parents every etcd request of the loop and of its epochs;
+	// abort cancels it when Close is called or Leave's context ends, so
+	// that no request keeps them past their bound.
+	stopping context.Context
+	abort    context.CancelFunc
+
 	mu sync.Mutex
 	// Guarded by mu; who writes what:
 	//
@@ -204,8 +210,10 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 
 		memberLeases: make(map[string]clientv3.LeaseID),
 	}
+	r.stopping, r.abort = context.WithCancel(context.Background())
 	ep, err := r.startEpoch(ctx, 0)
 	if err != nil {
+		r.abort()
 		return nil, err
 	}
 	r.checkServerVersions(ctx)
@@ -286,7 +294,14 @@ func (r *Replica) RemoveController(name string) error {
 // name without keeping its own replica from stopping.
 func (r *Replica) RemoveControllerAndWait(name string) error {
 	s, term, err := r.unregister(name)
-	if err == nil && s != nil {
+	switch {
+	case err != nil:
+	case s == nil:
+		select {
+		case <-term:
+		case <-r.done:
+		}
+	default:
 		select {
 		case <-s.done:
 		case <-r.done:
@@ -311,12 +326,10 @@ func (r *Replica) unregister(name string) (*slot, chan struct{}, error) {
 	}
 	delete(r.regs, name)
 	r.markDirtyLocked(name)
-	s := r.slots[name]
-	if s == nil {
-		return nil, nil, nil
-	}
-	// Taken before the loop removes the controller, which forgets the name.
-	return s, r.inner.TerminationChannel(name), nil
+	// Taken before the loop removes the controller, which forgets the
+	// name. Without a slot, a controller may still be stopping here (its
+	// epoch ended just now): the channel is that one's.
+	return r.slots[name], r.inner.TerminationChannel(name), nil
 }
 
 // GetStatusModel returns the status of the controllers running on this
