@@ -1,5 +1,6 @@
 // Tests of the Replica API: bad options, bad calls, and the Manager-like
 // methods against etcd.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // Claims: the etcd key a replica must hold to run a name, and how a DoFunc
 // reads it from its context to fence its own writes.
+
 package ha
 
 import (

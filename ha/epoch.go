@@ -1,6 +1,7 @@
 // Epochs: one lease and its fence, from the grant to the end (fence
 // passed, Leave, Close), and the keepalive goroutine that extends the
 // fence.
+
 package ha
 
 import (

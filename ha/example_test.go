@@ -1,5 +1,6 @@
 // Examples for the package documentation. They need an etcd, so they are
 // compiled but not run; examples/replicas is the runnable program.
+
 package ha_test
 
 import (

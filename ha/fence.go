@@ -1,5 +1,6 @@
 // The fence: the local deadline past which a replica runs nothing, moved
 // forward only by answered keepalives.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // Tests of the fence alone, in a synctest bubble, and of what its passing
 // does to a replica's controllers, against etcd.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // A replica that was frozen while it held a claim, and wakes after another
 // replica took the name over, cannot write through the claim's revision.
+
 package ha
 
 import (

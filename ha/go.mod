@@ -3,7 +3,7 @@ module github.com/bgctl/controller/ha
 go 1.26.0
 
 require (
-	github.com/bgctl/controller v0.0.0-00010101000000-000000000000
+	github.com/bgctl/controller v0.1.0
 	github.com/sirupsen/logrus v1.10.2
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3

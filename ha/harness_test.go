@@ -1,5 +1,6 @@
 // Test helpers: a recorder of every DoFunc run across replicas, and a
 // cluster of replicas that each reach etcd through their own proxy.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // Which member runs a name: rendezvous hashing for Spread, the oldest
 // member for Leader. Pure functions of the membership view.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // Tests of the ownership functions: stable values, an even spread, and
 // minimal movement when members come and go.
+
 package ha
 
 import (

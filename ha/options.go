@@ -1,4 +1,5 @@
 // Options for Join, their defaults, and the checks that reject bad ones.
+
 package ha
 
 import (

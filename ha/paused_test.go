@@ -1,6 +1,7 @@
 // A real paused process: a replica in a child process is stopped with
 // SIGSTOP while it holds a name, another replica takes the name over, and
 // the child's writes guarded by its claim are refused once it resumes.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // A TCP proxy between one replica and etcd, whose links can be cut and
 // healed to make a partition.
+
 package ha
 
 import (

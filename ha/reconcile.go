@@ -1,5 +1,6 @@
 // The loop's work within an epoch: keep the view of members and claims up
 // to date from a watch, and bring each name to where the view says it runs.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // Replica: one member of a service's replicas, and the API that mirrors
 // controller.Manager.
+
 package ha
 
 import (

@@ -1,6 +1,7 @@
 // Scenarios against a real etcd: an even split, a crash, a partition and
 // its healing, a graceful leave, the leader mode; each asserts that no
 // name ever ran on two replicas at once.
+
 package ha
 
 import (

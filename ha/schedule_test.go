@@ -1,5 +1,6 @@
 // A seeded random schedule of crashes, partitions, heals, joins and
 // leaves, and the scale measurement.
+
 package ha
 
 import (

@@ -1,5 +1,6 @@
 // Status: which replica owns, holds and runs each name, as this replica
 // sees it.
+
 package ha
 
 import (

@@ -2,8 +2,13 @@
 // twelve controllers through etcd, crashes one half-way and prints how the
 // other two take its controllers over.
 //
-//	go run ./examples/replicas                       # starts an etcd from PATH
-//	go run ./examples/replicas -etcd 127.0.0.1:2379  # uses a running one
+//	cd ha/examples/replicas
+//	go run .                       # starts an etcd inside the process
+//	go run . -etcd 127.0.0.1:2379  # uses a running one
+//	go run . -serve-etcd           # only serves an etcd, for replicas of your own
+//
+// It is a module of its own, so that the etcd server it embeds is never a
+// dependency of github.com/bgctl/controller/ha.
 //
 // Each replica reaches etcd with its own client, as separate processes
 // would. The crash closes the replica's client without revoking its
@@ -15,10 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -32,12 +34,20 @@ import (
 )
 
 func main() {
-	etcdAddr := flag.String("etcd", "", "etcd client address host:port; empty: start an etcd found on PATH in a temporary directory")
+	etcdAddr := flag.String("etcd", "", "etcd client address host:port; empty: start an etcd inside this process, in a temporary directory")
 	names := flag.Int("names", 12, "how many controllers the replicas share")
 	ttl := flag.Duration("ttl", 2*time.Second, "lease TTL, whole seconds")
 	duration := flag.Duration("duration", 8*time.Second, "how long to run; the crash comes half-way")
 	verbose := flag.Bool("v", false, "show the replicas' Info logs (claims taken and released)")
+	serveEtcd := flag.Bool("serve-etcd", false, "run no replicas: start the embedded etcd, print its address and serve until SIGINT or SIGTERM")
 	flag.Parse()
+
+	if *serveEtcd {
+		if err := serveEmbeddedEtcd(); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 
 	addr := *etcdAddr
 	if addr == "" {
@@ -45,7 +55,7 @@ func main() {
 		var err error
 		addr, stop, err = startEtcd()
 		if err != nil {
-			log.Fatalf("no -etcd given and none could start: %v", err)
+			log.Fatalf("no -etcd given and the embedded etcd did not start: %v", err)
 		}
 		defer stop()
 	}
@@ -210,60 +220,4 @@ func (b *board) summary() (runs, overlaps int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.runs, b.overlaps
-}
-
-// startEtcd starts the etcd found on PATH on a free loopback port, with
-// its data in a temporary directory and without the ETCD_* variables,
-// which etcd would read as flags.
-func startEtcd() (addr string, stop func(), err error) {
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		return "", nil, err
-	}
-	dir, err := os.MkdirTemp("", "replicas-etcd-")
-	if err != nil {
-		return "", nil, err
-	}
-	ports := make([]int, 2)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", nil, err
-		}
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-	}
-	client, peer := fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-	cmd := exec.Command(bin, "--name", "example", "--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "example="+peer, "--log-level", "error", "--logger", "zap")
-	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "ETCD_") })
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop = func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		os.RemoveAll(dir)
-	}
-	addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		stop()
-		return "", nil, err
-	}
-	defer cli.Close()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err = cli.Get(ctx, "ready")
-		cancel()
-		if err == nil {
-			return addr, stop, nil
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return "", nil, fmt.Errorf("etcd did not answer within 15s: %w", err)
-		}
-	}
 }
