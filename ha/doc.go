@@ -148,6 +148,44 @@
 // without an answer, and its names move after its lease expired. A short
 // TTL moves names sooner but stops replicas on shorter etcd hiccups.
 //
+// # The watch, and the client's keepalive settings
+//
+// A replica's view of the members and claims comes from one watch of the
+// prefix, and the view decides when names move (the claims alone keep
+// them from running twice). A watch can stop delivering without failing:
+// on a connection that drops packets without closing, or stuck on the
+// server, while lease keepalives still succeed on another connection. So
+// while the watch is quiet, the replica asks etcd for its progress every
+// (TTL − Margin)/4; etcd answers once the watch has caught up, and a
+// watch that is catching up sends events instead. A watch that has said
+// nothing, neither event nor progress notification, for TTL − Margin is
+// replaced: the replica lists the prefix again and watches it anew, on a
+// stream of its own. A stuck watch then delays a takeover by about as
+// long as a crash does, and no more.
+//
+// Give the etcd client gRPC keepalives as well, so that a connection that
+// stops answering is closed, and the watch and requests on it move to
+// another endpoint, instead of waiting until the kernel gives up
+// retransmitting to it (about 15 minutes on Linux by default):
+//
+//	clientv3.Config{
+//		Endpoints:            endpoints,
+//		DialKeepAliveTime:    10 * time.Second,
+//		DialKeepAliveTimeout: 5 * time.Second,
+//	}
+//
+// 10s is gRPC's floor (a shorter time is raised to it), and leaves room
+// for etcd's default minimum of 5s between a client's pings
+// (--grpc-keepalive-min-time; a client that pings more often is
+// disconnected). A 5s timeout lets a loaded server answer late without
+// losing the connection. A dead connection is then closed within 15s of
+// its last answer. That is longer than the default fence window, TTL −
+// Margin: with one endpoint, a replica whose connection dies stops its
+// names when its fence passes, as in any partition; with several, a
+// keepalive sent on the dead connection waits as long as the fence has
+// left, so the fence may pass too, and the replica joins again on a live
+// connection.
+//
 // # Traps this package avoids
 //
 // concurrency.Session of the etcd client is not used as a fence: its Done
@@ -160,8 +198,9 @@
 // # Goroutines
 //
 // [Join] starts the replica's loop goroutine, which owns all others: the
-// keepalive goroutine of the current lease and the workers that create and
-// delete claims, joined when that lease's epoch ends. [Replica.Leave] and
+// keepalive goroutine of the current lease, the workers that create and
+// delete claims, and the short ones that open the watch and request its
+// progress, joined when that lease's epoch ends. [Replica.Leave] and
 // [Replica.Close] join the loop. The controllers' goroutines belong to the
 // replica's inner [controller.Manager], which removes and waits for them
 // whenever a name leaves the replica.

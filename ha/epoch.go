@@ -39,7 +39,7 @@ type epoch struct {
 	wg sync.WaitGroup
 
 	// Owned by the loop goroutine.
-	watch       clientv3.WatchChan // nil: to (re)start
+	watch       *viewWatch // nil: to (re)start; stopped by watchCancel
 	watchCancel context.CancelFunc
 	retry       *time.Timer // pending relist or acquire retry; nil: none
 	rewriting   bool        // a rewriteMember worker is out
@@ -187,6 +187,7 @@ func (r *Replica) run(ep *epoch) {
 // succeeds or a stop request comes.
 func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 	wait := 20 * time.Millisecond
+	var log rejoinLog
 	for {
 		select {
 		case req := <-r.stopReq:
@@ -194,10 +195,10 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 		default:
 		}
 		ep, err := r.startEpoch(r.stopping, prev)
+		r.reportRejoin(&log, err)
 		if err == nil {
 			return ep, nil
 		}
-		r.log.Debug("joining again", "error", err)
 		t := time.NewTimer(wait)
 		select {
 		case req := <-r.stopReq:

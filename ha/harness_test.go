@@ -292,7 +292,14 @@ func (c *cluster) register(n *node) {
 // joinEmpty starts a replica named id with no names registered.
 func (c *cluster) joinEmpty(id string) *node {
 	c.t.Helper()
-	n := &node{id: id, proxy: newProxy(c.t, testEtcd)}
+	return c.joinVia(id, testEtcd)
+}
+
+// joinVia starts a replica named id with no names registered, whose
+// proxy forwards to addr: etcd, or another proxy in front of it.
+func (c *cluster) joinVia(id, addr string) *node {
+	c.t.Helper()
+	n := &node{id: id, proxy: newProxy(c.t, addr)}
 	n.cli = newClient(c.t, n.proxy.addr())
 	opts := c.opts
 	opts.Prefix, opts.ID = c.prefix, id

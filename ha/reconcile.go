@@ -53,19 +53,29 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		if ep.retry != nil {
 			retry = ep.retry.C
 		}
+		var created <-chan clientv3.WatchChan
+		var events clientv3.WatchChan
+		var check <-chan time.Time
+		if w := ep.watch; w != nil {
+			created, events, check = w.created, w.ch, w.check.C
+		}
 		select {
 		case <-ep.fence.ctx.Done():
 			return nil
 		case req := <-r.stopReq:
 			return &req
-		case wr, ok := <-ep.watch:
+		case ch := <-created:
+			ep.watch.created, ep.watch.ch = nil, ch
+		case wr, ok := <-events:
 			if !ok || wr.Err() != nil {
-				ep.watchCancel()
-				ep.watch = nil
+				r.dropWatch(ep)
 				r.retryLater(ep)
 				continue
 			}
+			ep.watch.heard = time.Now()
 			r.apply(wr)
+		case now := <-check:
+			r.checkWatchNow(ep, now)
 		case <-r.wake:
 		case res := <-ep.results:
 			r.handle(ep, res)
@@ -90,10 +100,13 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 }
 
 // relist reads every member and claim key, replaces the view with them,
-// and starts a watch from the next revision.
+// and starts a watch from their revision (startWatch).
 func (r *Replica) relist(ep *epoch) error {
 	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	// The loop waits for this answer, and must see the fence pass.
+	stop := context.AfterFunc(ep.fence.ctx, cancel)
 	resp, err := r.cli.Get(ctx, r.keys.all, clientv3.WithPrefix())
+	stop()
 	cancel()
 	if err != nil {
 		return err
@@ -120,18 +133,30 @@ func (r *Replica) relist(ep *epoch) error {
 		r.memberLost = true // deleted while no watch ran (putLocked saw any other lease)
 	}
 	r.mu.Unlock()
-	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ep.ctx))
-	ep.watch = r.cli.Watch(wctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	ep.watchCancel = wcancel
+	w := r.startWatch(ep, resp.Header.Revision)
+	ep.watch, ep.watchCancel = w, w.stop
 	return nil
 }
 
-// apply brings a watch response's events into the view.
+// apply brings a watch response's events into the view, and moves the
+// view's revision to the last one the watch has delivered in full: its
+// last event's, or the header's of a progress notification, which etcd
+// sends only once every watcher of the stream has been sent every event
+// up to it. Never a response's header otherwise: a watcher more than
+// 1,000 revisions behind gets etcd's catch-up batches, each of at most
+// 1,000 revisions and each carrying the store's current revision, and a
+// claim created after a batch's last event would look deleted
+// (stepLocked's lost) while its creation is still on the way.
 func (r *Replica) apply(wr clientv3.WatchResponse) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if wr.IsProgressNotify() {
+		r.viewRev = max(r.viewRev, wr.Header.Revision)
+		return
+	}
 	for _, ev := range wr.Events {
+		r.viewRev = max(r.viewRev, ev.Kv.ModRevision)
 		if ev.Type == mvccpb.PUT {
 			r.putLocked(ev.Kv, now)
 			continue
@@ -151,7 +176,6 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 			r.dirty[name] = struct{}{}
 		}
 	}
-	r.viewRev = max(r.viewRev, wr.Header.Revision)
 }
 
 // putLocked brings a key into the view. seen is when the watch delivered

@@ -66,6 +66,7 @@ type Replica struct {
 	//	members, claims, viewRev, lease, fence  the loop
 	//	memberLeases, listedRev                 the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
+	//	joinErr                                 the loop, as it joins again
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
 	//
 	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
@@ -83,13 +84,14 @@ type Replica struct {
 	viewRev   int64                                  // the etcd revision the view is at
 	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
 	fence     *fence                                 // of the current epoch; a passed one between epochs
+	joinErr   error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
+	closed    bool                                   // Leave or Close was called
 
 	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
 	listedRev    int64                       // the revision of the view's last listing
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
-	closed     bool // Leave or Close was called
 }
 
 // keys are the etcd keys and prefixes of one Options.Prefix.

@@ -1,5 +1,5 @@
-// A seeded random schedule of crashes, partitions, heals, joins and
-// leaves, and the scale measurement.
+// A seeded random schedule of crashes, partitions, heals, joins, leaves,
+// lags and deleted member keys, and the scale measurement.
 
 package ha
 
@@ -57,7 +57,7 @@ func TestRandomSchedule(t *testing.T) {
 	// The pauses alone add up to the schedule's duration, so the number of
 	// steps depends on the seed only; the operations take more time on top.
 	for paused := time.Duration(0); paused < *scheduleFor; {
-		op := rng.IntN(6)
+		op := rng.IntN(7)
 		if len(c.nodes) < 2 {
 			op = 3 // keep two replicas or more, so the end has names to spread
 		}
@@ -92,6 +92,36 @@ func TestRandomSchedule(t *testing.T) {
 			ns := live(reachable)
 			c.deleteMemberKey(ns[rng.IntN(len(ns))])
 			ops["member key deleted"]++
+		case op == 6 && len(live(reachable)) >= 2:
+			// A replica cut off while bursts of unrelated writes go under
+			// the prefix, with another replica leaving before them and
+			// one joining between them when the cluster's size allows.
+			// Healed, it hears of the departure first and takes names
+			// over, then gets etcd's catch-up batches (at most 1,000
+			// revisions each, each with the store's current revision), one
+			// of them with the join, while writes go on.
+			ns := live(reachable)
+			n := ns[rng.IntN(len(ns))]
+			n.proxy.cut()
+			partitioned[n.id] = true
+			if others := live(reachable); len(others) >= 2 {
+				c.leave(others[rng.IntN(len(others))])
+			}
+			if err := writeNoise(c.prefix, "lag", 200+rng.IntN(400)); err != nil {
+				t.Fatal(err)
+			}
+			if len(c.nodes) < 4 {
+				c.join(fmt.Sprintf("j%d", next))
+				next++
+			}
+			if err := writeNoise(c.prefix, "lag", 1100+rng.IntN(400)); err != nil {
+				t.Fatal(err)
+			}
+			wait := writeNoiseBehind(t, c.prefix, "lag", 1000)
+			n.proxy.heal()
+			delete(partitioned, n.id)
+			wait()
+			ops["lag"]++
 		default:
 			ops["pause"]++
 		}

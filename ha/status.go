@@ -34,6 +34,13 @@ type Status struct {
 	// Fence is the time left before this replica stops on its own unless
 	// etcd answers a keepalive; 0 without a lease.
 	Fence controller.Duration `json:"fence"`
+	// JoinError says why this replica, whose fence passed, is not a
+	// member again yet: the error of its last attempt to join, which it
+	// retries every 200ms or so. A message wrapping [ErrDuplicateID] means
+	// another live replica joined under this ID meanwhile: two processes
+	// share an ID, and this one runs nothing until the other leaves or
+	// its lease expires. "" while a member, and before any attempt failed.
+	JoinError string `json:"joinError,omitempty"`
 	// Members are the live members, sorted by ID.
 	Members []MemberStatus `json:"members"`
 	// Names are the names registered on this replica, sorted.
@@ -89,6 +96,9 @@ func (r *Replica) Status() Status {
 	if r.lease != 0 {
 		st.Lease = leaseHex(r.lease)
 		st.Fence = controller.Duration(r.fence.remaining())
+	}
+	if r.joinErr != nil {
+		st.JoinError = r.joinErr.Error()
 	}
 	for id, rev := range r.members {
 		st.Members = append(st.Members, MemberStatus{ID: id, Lease: leaseHex(r.memberLeases[id]), Revision: rev})
