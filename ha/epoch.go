@@ -113,6 +113,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	ep.renewed = make(chan struct{})
 	r.mu.Lock()
 	r.lease, r.fence = g.ID, f
+	r.heard = time.Now() // the watch's silence counts from the epoch's start
 	r.allDirty = true
 	r.mu.Unlock()
 	ep.wg.Add(1)
@@ -140,6 +141,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 		cancel()
 		switch {
 		case err == nil:
+			r.opts.Metrics.rtt.Observe(time.Since(sent).Seconds())
 			ttl := min(time.Duration(resp.TTL)*time.Second, r.opts.TTL)
 			ep.fence.extend(sent.Add(ttl - r.opts.Margin))
 		case isLeaseNotFound(err):
@@ -168,6 +170,7 @@ func isLeaseNotFound(err error) bool {
 func (r *Replica) run(ep *epoch) {
 	defer close(r.done)
 	defer r.abort() // releases the context; nothing is left to abort
+	defer r.opts.Metrics.remove(r)
 	for {
 		req := r.serve(ep)
 		var stopped *stopRequest
@@ -242,7 +245,15 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	r.memberIDs, r.leader, r.viewRev = nil, "", 0
 	// Under mu, so that no install comes between: the slots are gone.
 	stopping := make([]stoppingController, 0, len(slots))
+	released := releaseLeave
+	if req == nil {
+		released = releaseLost
+		r.opts.Metrics.fencePasses.Inc()
+	}
 	for name, s := range slots {
+		if s.state == running {
+			r.opts.Metrics.released[released].Inc() // those in releasing were counted when released
+		}
 		// The fence cancels the slots' contexts from goroutines of its
 		// own; cancel them here first, so that the removal's plain
 		// cancellation never comes first and hides the cause.

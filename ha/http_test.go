@@ -211,6 +211,7 @@ func TestPlacementHandler(t *testing.T) {
 			alone = name
 		}
 	}
+	waitFor(t, "each replica to see both", func() bool { return len(r0.r.Status().Members) == 2 && len(r1.r.Status().Members) == 2 })
 	c.names = append(c.names, "taken")
 	c.register(r0)
 	c.register(r1)
@@ -220,14 +221,23 @@ func TestPlacementHandler(t *testing.T) {
 	want := c.expected([]string{"r0", "r1"})
 	delete(want, "taken")
 	c.waitPlacement(want, 10*time.Second)
-	waitFor(t, "r0 to see every claim", func() bool {
-		held := 0
+	// r0's view settles after the placement: a claim another replica
+	// released shows under it until the watch brings the deletion.
+	waitFor(t, "r0's view to settle", func() bool {
 		for _, ns := range r0.r.Status().Names {
-			if ns.Holder != "" {
-				held++
+			switch ns.Name {
+			case alone:
+				if ns.Holder != "" || ns.State != "" {
+					return false
+				}
+			case "taken":
+			default:
+				if ns.Holder != want[ns.Name] || (ns.State == "running") != (ns.Holder == "r0") || ns.State == "releasing" {
+					return false
+				}
 			}
 		}
-		return held == len(c.names)
+		return true
 	})
 
 	h := StatusHandler(r0.r)

@@ -84,6 +84,11 @@ type Options struct {
 	// standard logger, unless ManagerOptions choose a logger.
 	Logger logrus.FieldLogger
 
+	// Metrics records the replica's metrics; register it beside the
+	// core's, made with the same [controller.MetricsOpts] (see [Metrics]).
+	// Nil: [DefaultMetrics].
+	Metrics *Metrics
+
 	// ManagerOptions configure the replica's inner [controller.Manager]
 	// (for instance [controller.WithMetrics]). They are applied after
 	// Logger: a [controller.WithSlog] or [controller.WithLogger] here
@@ -111,6 +116,9 @@ func (o Options) normalize() (Options, error) {
 	}
 	if o.ID == "" {
 		o.ID = defaultID()
+	}
+	if o.Metrics == nil {
+		o.Metrics = DefaultMetrics
 	}
 	if strings.Contains(o.ID, "/") {
 		bad("ID must not contain \"/\", got %q", o.ID)

@@ -118,6 +118,7 @@ func (r *Replica) relist(ep *epoch) error {
 	r.claims = make(map[string]claimView, len(prev))
 	r.memberIDs, r.leader = nil, ""
 	r.listedRev = resp.Header.Revision
+	r.heard = time.Now()
 	for _, kv := range resp.Kvs {
 		r.putLocked(kv, time.Time{})
 	}
@@ -151,6 +152,7 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.heard = now
 	if wr.IsProgressNotify() {
 		r.viewRev = max(r.viewRev, wr.Header.Revision)
 		return
@@ -259,8 +261,9 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		if c, held := r.claims[name]; held && c.lease == ep.lease {
 			s = newSlot(releasing)
 			s.claim = Claim{Key: r.keys.claims + name, Revision: c.rev}
+			s.stray = true
 			r.slots[name] = s
-			r.releaseLocked(ep, name, s, false)
+			r.releaseLocked(ep, name, s, false, "")
 		}
 	case s != nil && s.state == running:
 		c, held := r.claims[name]
@@ -268,10 +271,22 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		if lost {
 			r.log.Warn("claim deleted under a running controller: stopping it", "name", name)
 		}
-		if !ours || lost {
-			r.releaseLocked(ep, name, s, true)
+		switch {
+		case lost:
+			r.releaseLocked(ep, name, s, true, releaseLost)
+		case !ours:
+			r.releaseLocked(ep, name, s, true, notOursReason(registered))
 		}
 	}
+}
+
+// notOursReason is why a name that is not ours is released: removed when
+// it is no longer registered here, else moved to another member.
+func notOursReason(registered bool) string {
+	if registered {
+		return releaseMoved
+	}
+	return releaseRemoved
 }
 
 // acquire creates name's claim key under the epoch's lease if it is
@@ -317,8 +332,13 @@ func (r *Replica) report(ep *epoch, res result) {
 
 // releaseLocked moves s to releasing: it removes name's controller (when
 // installed), and a worker waits until it has terminated, StopFunc
-// included, and only then deletes the claim.
-func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, installed bool) {
+// included, and only then deletes the claim. reason is the release's, for
+// the metrics; "" for a stray claim, never counted as acquired either
+// (nothing ran under it), so that acquired − released is the claims held.
+func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, installed bool, reason string) {
+	if reason != "" {
+		r.opts.Metrics.released[reason].Inc()
+	}
 	s.state = releasing
 	var terminated chan struct{}
 	if installed {
@@ -486,13 +506,18 @@ func (r *Replica) handle(ep *epoch, res result) {
 		default:
 			s.claim = Claim{Key: r.keys.claims + res.name, Revision: res.rev}
 			s.since = time.Now()
+			r.opts.Metrics.acquired.Inc()
 			p, registered := r.regs[res.name]
-			if registered && r.ownerLocked(res.name) == r.opts.ID && ep.fence.open() {
+			ours := registered && r.ownerLocked(res.name) == r.opts.ID
+			switch {
+			case ours && ep.fence.open():
 				s.state = running
 				r.installLocked(res.name, s, p)
 				r.log.Info("claimed: running here", "name", res.name, "revision", res.rev)
-			} else {
-				r.releaseLocked(ep, res.name, s, false)
+			case ours:
+				r.releaseLocked(ep, res.name, s, false, releaseLost)
+			default:
+				r.releaseLocked(ep, res.name, s, false, notOursReason(registered))
 			}
 		}
 	}

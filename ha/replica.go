@@ -64,7 +64,7 @@ type Replica struct {
 	//	slots                                   the loop; UpdateController rebinds a running slot's context
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
-	//	memberLeases, listedRev                 the loop
+	//	memberLeases, listedRev, heard          the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
 	//	joinErr                                 the loop, as it joins again
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
@@ -89,6 +89,7 @@ type Replica struct {
 
 	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
 	listedRev    int64                       // the revision of the view's last listing
+	heard        time.Time                   // when the watch last spoke, or the view was listed, or the epoch began
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
@@ -140,6 +141,7 @@ type slot struct {
 	state   slotState
 	claim   Claim           // set on leaving acquiring
 	since   time.Time       // when the claim's creation was answered; set with claim
+	stray   bool            // a claim of this lease found without a slot, released at once; never counted as held
 	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
 	userCtx context.Context // the registration's Context ctx was made from
 	cancel  context.CancelCauseFunc
@@ -220,7 +222,8 @@ func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, er
 		return nil, err
 	}
 	r.checkServerVersions(ctx)
-	go r.run(ep) // joined by Leave and Close, through r.done
+	opts.Metrics.add(r) // removed by run as it ends
+	go r.run(ep)        // joined by Leave and Close, through r.done
 	return r, nil
 }
 
