@@ -254,8 +254,8 @@ func TestPlacementHandler(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &raw); err != nil {
 		t.Fatalf("JSON: %v\n%s", err, body)
 	}
-	if d, err := time.ParseDuration(raw.Fence); err != nil || d <= 0 || d > c.opts.TTL {
-		t.Errorf("fence %q in the JSON: want a duration string within TTL", raw.Fence)
+	if d, err := time.ParseDuration(raw.Fence); err != nil || d <= 0 || d > c.opts.TTL || d != d.Round(time.Millisecond) {
+		t.Errorf("fence %q in the JSON: want a duration string within TTL, to the millisecond", raw.Fence)
 	}
 	if len(raw.Members) != 2 || raw.Members[0].ID != "r0" || raw.Members[1].ID != "r1" {
 		t.Fatalf("members in the JSON: %+v", raw.Members)

@@ -32,7 +32,7 @@ type Status struct {
 	// fence passed and it is joining again).
 	Lease string `json:"lease,omitempty"`
 	// Fence is the time left before this replica stops on its own unless
-	// etcd answers a keepalive; 0 without a lease.
+	// etcd answers a keepalive, to the millisecond; 0 without a lease.
 	Fence controller.Duration `json:"fence"`
 	// JoinError says why this replica, whose fence passed, is not a
 	// member again yet: the error of its last attempt to join, which it
@@ -95,7 +95,7 @@ func (r *Replica) Status() Status {
 	st := Status{Prefix: r.opts.Prefix, ID: r.opts.ID, Mode: r.opts.Mode.String(), Members: make([]MemberStatus, 0, len(r.members))}
 	if r.lease != 0 {
 		st.Lease = leaseHex(r.lease)
-		st.Fence = controller.Duration(r.fence.remaining())
+		st.Fence = controller.Duration(r.fence.remaining().Round(time.Millisecond))
 	}
 	if r.joinErr != nil {
 		st.JoinError = r.joinErr.Error()
