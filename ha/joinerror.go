@@ -1,5 +1,6 @@
 // Why a replica whose fence passed is not a member again yet: logged (a
 // duplicate ID at Warn, rate-limited) and shown in Status.
+
 package ha
 
 import (

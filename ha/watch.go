@@ -1,6 +1,7 @@
 // The view's watch: a watch of the prefix on a gRPC stream of its own,
 // asked for its progress while it is quiet, and replaced when it stays
 // silent.
+
 package ha
 
 import (

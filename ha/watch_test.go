@@ -1,6 +1,7 @@
 // The view's watch against a real etcd: a watch that lags more than
 // etcd's catch-up batch behind restarts nothing, a stalled one is
 // replaced, a quiet one is kept.
+
 package ha
 
 import (

@@ -1,6 +1,7 @@
 // A TCP proxy that reads just enough HTTP/2 to hold what etcd sends on
 // the watch streams open at a given moment, while everything else on the
 // connection goes on: lease keepalives, other requests, gRPC pings.
+
 package ha
 
 import (
