@@ -485,6 +485,12 @@ func (r *Replica) handle(ep *epoch, res result) {
 	switch res.kind {
 	case released:
 		delete(r.slots, res.name)
+		if c, ok := r.claims[res.name]; ok && c.rev == s.claim.Revision {
+			// Deleted: the view would keep it until the watch brings the
+			// deletion, and take it meanwhile for a stray claim of this
+			// lease, to release a second time.
+			delete(r.claims, res.name)
+		}
 		s.end()
 		r.log.Info("released: stopped here, claim deleted", "name", res.name)
 		r.dirty[res.name] = struct{}{}
