@@ -189,3 +189,35 @@ func TestReplayedMemberDeletionRewritesOnce(t *testing.T) {
 		t.Errorf("r0's view of the members is %v, want [r0]", got)
 	}
 }
+
+// A watch of a quiet prefix on a busy etcd (writes elsewhere, compacted
+// as they go) has nothing to deliver and must answer its progress
+// requests: it is never taken for a stalled one.
+func TestQuietWatchOnABusyEtcdIsKept(t *testing.T) {
+	opts := testOptions()
+	replaced := warnCounters(&opts, "watch of the prefix silent")[0]
+	c := newCluster(t, 0, opts)
+	c.joinEmpty("r0")
+	cli := newClient(t, testEtcd)
+	defer cli.Close()
+	busyFor := 3 * c.opts.window()
+	stop := time.Now().Add(busyFor)
+	writes, compactions := 0, 0
+	for time.Now().Before(stop) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := cli.Put(ctx, "/busy-elsewhere/"+c.prefix, strings.Repeat("b", 512))
+		if err == nil && writes%200 == 199 {
+			_, err = cli.Compact(ctx, resp.Header.Revision)
+			compactions++
+		}
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes++
+	}
+	t.Logf("%d writes outside the prefix and %d compactions in %v: %d replacements", writes, compactions, busyFor, replaced.n.Load())
+	if n := replaced.n.Load(); n != 0 {
+		t.Errorf("a quiet watch on a busy etcd was replaced %d times in %v", n, busyFor)
+	}
+}
