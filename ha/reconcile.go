@@ -165,7 +165,10 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 		}
 		key := string(ev.Kv.Key)
 		if id, ok := strings.CutPrefix(key, r.keys.members); ok {
-			if id == r.opts.ID {
+			if id == r.opts.ID && ev.Kv.ModRevision > r.listedRev {
+				// (A deletion at or before the listing comes again from a
+				// watch that starts at the listed revision: the relist
+				// saw it already.)
 				r.memberLost = true
 			}
 			delete(r.memberLeases, id)

@@ -7,6 +7,7 @@ package ha
 import (
 	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,9 +20,9 @@ import (
 // context has the same metadata on one gRPC stream, and sends a progress
 // request on the stream its context's metadata names; etcd answers it
 // only once every watch on that stream has caught up. A stream of its own
-// keeps the answer from waiting on a watch of the service's, and lets a
-// replaced watch take its stuck stream down with it: the client closes a
-// stream when its last watch is cancelled.
+// keeps the answer from waiting on a watch of the service's. Each watch
+// also has a Watcher of its own, whose Close takes its stream down (see
+// viewWatch.watcher).
 const watchStreamKey = "bgctl-ha-watch"
 
 // watchSeq numbers the view's watches in the process, whose replicas may
@@ -48,6 +49,14 @@ type viewWatch struct {
 
 	asked     chan struct{}      // closed when the last progress request returned; nil: none sent
 	askCancel context.CancelFunc // ends that request
+
+	// watcher is the watch's own: closing it takes down its gRPC stream
+	// in every state, where cancelling the watch leaves a stream open
+	// until the client closes when the watch was not confirmed yet, or
+	// its stream was reconnecting. Closed by stop, on a goroutine counted
+	// in wg (the epoch's), as Close waits for the stream's goroutines.
+	watcher clientv3.Watcher
+	wg      *sync.WaitGroup
 }
 
 // startWatch watches the prefix from rev, the revision the view was
@@ -64,12 +73,14 @@ func (r *Replica) startWatch(ep *epoch, rev int64) *viewWatch {
 		created: make(chan clientv3.WatchChan, 1),
 		heard:   time.Now(),
 		check:   time.NewTicker(r.opts.keepAliveEvery()),
+		watcher: clientv3.NewWatcher(r.cli),
+		wg:      &ep.wg,
 	}
 	w.ctx, w.cancel = context.WithCancel(ctx)
 	ep.wg.Add(1)
 	go func() { // owned by the loop; joined by endEpoch through ep.wg, once stop ended w.ctx
 		defer ep.wg.Done()
-		w.created <- r.cli.Watch(w.ctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		w.created <- w.watcher.Watch(w.ctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(rev))
 	}()
 	return w
 }
@@ -131,7 +142,7 @@ func (r *Replica) askProgress(ep *epoch, w *viewWatch) {
 		defer ep.wg.Done()
 		defer close(done)
 		defer cancel()
-		if err := r.cli.RequestProgress(ctx); err != nil {
+		if err := w.watcher.RequestProgress(ctx); err != nil {
 			r.log.Debug("requesting the watch's progress", "error", err)
 		}
 	}()
@@ -149,6 +160,11 @@ func (w *viewWatch) stop() {
 		<-w.asked
 	}
 	w.cancel()
+	w.wg.Add(1)
+	go func() { // owned by the loop; joined by endEpoch through ep.wg
+		defer w.wg.Done()
+		_ = w.watcher.Close()
+	}()
 }
 
 // dropWatch stops the epoch's watch; the loop lists and watches anew.

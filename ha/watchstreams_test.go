@@ -1,6 +1,6 @@
-// A hostile review of the view's watch (issue 18, items 8 to 10) against a
-// real etcd: what a replaced or cancelled watch leaves behind in the
-// client, and what a watch restarted at the listed revision replays.
+// The view's watch against etcd: what a replaced or cancelled watch leaves
+// behind in the client, and what a watch restarted at the listed revision
+// replays.
 
 package ha
 
@@ -185,7 +185,7 @@ func TestReplayedMemberDeletionRewritesOnce(t *testing.T) {
 	if n := rewrote.n.Load(); n != 1 {
 		t.Errorf("r0 wrote its member key again %d times for one deletion, want 1", n)
 	}
-	if got := r0.r.Status().Members; len(got) != 1 || got[0] != "r0" {
+	if got := r0.r.Status().Members; len(got) != 1 || got[0].ID != "r0" {
 		t.Errorf("r0's view of the members is %v, want [r0]", got)
 	}
 }
