@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -220,12 +221,11 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 	if s == nil || s.state != acquiring {
 		return
 	}
-	log := r.log.WithField("name", c.name)
 	switch {
 	case c.err != nil:
 		delete(r.slots, c.name)
 		s.end()
-		log.WithError(c.err).Debug("claiming")
+		r.log.Debug("claiming", "name", c.name, "error", c.err)
 		r.retryLater(ep, c.name)
 	case !c.ok:
 		delete(r.slots, c.name)
@@ -237,14 +237,20 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 		r.dirty[c.name] = struct{}{}
 	default:
 		s.claim = Claim{Key: r.keys.claims + c.name, Revision: c.rev}
+		s.since = time.Now()
+		r.opts.Metrics.acquired.Inc()
 		p, registered := r.regs[c.name]
-		if registered && r.ownerLocked(c.name) == r.opts.ID && ep.fence.open() {
+		ours := registered && r.ownerLocked(c.name) == r.opts.ID
+		switch {
+		case ours && ep.fence.open():
 			s.state = running
 			r.installLocked(c.name, s, p)
-			log.WithField("revision", c.rev).Info("claimed: running here")
+			r.log.Info("claimed: running here", "name", c.name, "revision", c.rev)
 			r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: c.name, Revision: c.rev})
-		} else {
-			r.releaseLocked(ep, c.name, s, "")
+		case ours:
+			r.releaseLocked(ep, c.name, s, false, ReasonLost)
+		default:
+			r.releaseLocked(ep, c.name, s, false, notOursReason(registered))
 		}
 	}
 }

@@ -203,6 +203,19 @@
 // left, so the fence may pass too, and the replica joins again on a live
 // connection.
 //
+// # Watching a replica
+//
+// A replica logs where its inner [controller.Manager] logs, logrus or
+// log/slog as Options.Logger and ManagerOptions choose, with the field
+// replica=<ID> on its lines and its controllers'. [Replica.Health] says
+// whether it is a working member (a lease, an open fence, its member key
+// in its view, a watch that progresses), for a readiness probe
+// ([HealthHandler]). [Metrics] counts fence passes and claims acquired
+// and released, by reason, and measures keepalive round trips and how
+// long the watch has been silent, under the core's namespace options.
+// [StatusHandler] serves who runs what, from any replica, as the core's
+// [controller.StatusHandler] serves one process's controllers.
+//
 // # Traps this package avoids
 //
 // concurrency.Session of the etcd client is not used as a fence: its Done
@@ -220,10 +233,11 @@
 // released (it waits for the controller, then deletes the claim), and the
 // short ones that open the watch and request its progress, all joined when
 // that lease's epoch ends. [Replica.Leave] and [Replica.Close] join the
-// loop. Each [Replica.Events] subscription has a goroutine that hands its
-// events over, owned by the subscriber: it ends when the subscriber's
-// context ends or after the replica's last event, closing the channel. The
-// controllers' goroutines belong to the replica's inner
-// [controller.Manager], which removes and waits for them whenever a name
-// leaves the replica.
+// loop. [Replica.GroupStatus] asks etcd from a goroutine per member and
+// joins them before it returns. Each [Replica.Events] subscription has a
+// goroutine that hands its events over, owned by the subscriber: it ends
+// when the subscriber's context ends or after the replica's last event,
+// closing the channel. The controllers' goroutines belong to the replica's
+// inner [controller.Manager], which removes and waits for them whenever a
+// name leaves the replica.
 package ha

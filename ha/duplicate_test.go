@@ -1,6 +1,7 @@
 // A genuine duplicate ID against a real etcd: the replica that finds its
 // ID taken says so at Warn, rate-limited, and in Status, and joins again
 // once the other is gone.
+
 package ha
 
 import (

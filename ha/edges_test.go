@@ -6,12 +6,16 @@ package ha
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bgctl/controller"
+	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -267,8 +271,65 @@ func TestLostMemberKeyIsWrittenAgain(t *testing.T) {
 	})
 	waitFor(t, "the replica to see itself again", func() bool {
 		st := n.r.Status()
-		return len(st.Members) == 1 && st.Members[0] == "solo"
+		return len(st.Members) == 1 && st.Members[0].ID == "solo"
 	})
 	c.waitPlacement(c.expected([]string{"solo"}), 10*time.Second)
 	c.rec.assertNoOverlap(t)
+}
+
+// releaseCounter counts the "released" lines a replica logs for each name.
+type releaseCounter struct {
+	mu sync.Mutex
+	n  map[string]int // guarded by mu
+}
+
+func (rc *releaseCounter) Levels() []logrus.Level { return []logrus.Level{logrus.InfoLevel} }
+
+func (rc *releaseCounter) Fire(e *logrus.Entry) error {
+	if strings.HasPrefix(e.Message, "released") {
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		rc.n[fmt.Sprint(e.Data["name"])]++
+	}
+	return nil
+}
+
+// A name released here is released once: the claim the worker deleted
+// leaves the view with the answer, so that the loop does not take it,
+// until the watch brings the deletion, for a stray claim of its lease and
+// release it a second time (an etcd transaction per release, and a page
+// that shows the name held by a non-owner meanwhile).
+func TestAReleaseDeletesTheClaimOnce(t *testing.T) {
+	opts := testOptions()
+	rc := &releaseCounter{n: map[string]int{}}
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	l.AddHook(rc)
+	opts.Logger = l
+	c := newCluster(t, 40, opts)
+	a := c.join("a")
+	c.waitPlacement(c.expected([]string{"a"}), 10*time.Second)
+	c.join("b")
+	want := c.expected([]string{"a", "b"})
+	c.waitPlacement(want, 10*time.Second)
+	moved := namesOn(want, "b")
+	// Wait until a's view has lost every claim it released: by then any
+	// second release has been started, and answered.
+	waitFor(t, "a's view to lose the claims it released", func() bool {
+		a.r.mu.Lock()
+		defer a.r.mu.Unlock()
+		for _, name := range moved {
+			if c, ok := a.r.claims[name]; ok && c.holder == "a" || a.r.slots[name] != nil {
+				return false
+			}
+		}
+		return true
+	})
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, name := range moved {
+		if got := rc.n[name]; got != 1 {
+			t.Errorf("%s released %d times, want 1", name, got)
+		}
+	}
 }

@@ -68,7 +68,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	}
 	if granted := time.Duration(g.TTL) * time.Second; granted != ttl {
 		// The fence keeps counting with the TTL asked for, the shorter.
-		r.log.Warnf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl)
+		r.log.Warn(fmt.Sprintf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl))
 	}
 	f := newFence(sent.Add(r.opts.window()))
 	fail := func(err error) (*epoch, error) {
@@ -117,6 +117,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	ep.renewed = make(chan struct{})
 	r.mu.Lock()
 	r.lease, r.fence = g.ID, f
+	r.heard = time.Now() // the watch's silence counts from the epoch's start
 	r.allDirty = true
 	r.mu.Unlock()
 	ep.wg.Add(1 + claimWorkers)
@@ -124,7 +125,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	for range claimWorkers {
 		go r.claimWorker(ep) // joined by endEpoch through ep.wg
 	}
-	r.log.WithField("lease", fmt.Sprintf("%x", int64(g.ID))).Infof("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl)
+	r.log.Info(fmt.Sprintf("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl), "lease", fmt.Sprintf("%x", int64(g.ID)))
 	r.emit(Event{Kind: LeaseGained, Lease: g.ID})
 	return ep, nil
 }
@@ -148,6 +149,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 		cancel()
 		switch {
 		case err == nil:
+			r.opts.Metrics.rtt.Observe(time.Since(sent).Seconds())
 			ttl := min(time.Duration(resp.TTL)*time.Second, r.opts.TTL)
 			ep.fence.extend(sent.Add(ttl - r.opts.Margin))
 		case isLeaseNotFound(err):
@@ -176,6 +178,7 @@ func isLeaseNotFound(err error) bool {
 func (r *Replica) run(ep *epoch) {
 	defer r.finish()
 	defer r.abort() // releases the context; nothing is left to abort
+	defer r.opts.Metrics.remove(r)
 	for {
 		req := r.serve(ep)
 		var stopped *stopRequest
@@ -250,11 +253,20 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	r.lease = 0
 	r.fence = ep.fence // done once the fence is stopped below
 	clear(r.members)
+	clear(r.memberLeases)
 	clear(r.claims)
 	r.memberIDs, r.leader, r.viewRev = nil, "", 0
 	// Under mu, so that no install comes between: the slots are gone.
 	stopping := make([]stoppingController, 0, len(slots))
+	released := releaseLeave
+	if req == nil {
+		released = releaseLost
+		r.opts.Metrics.fencePasses.Inc()
+	}
 	for name, s := range slots {
+		if s.state == running {
+			r.opts.Metrics.released[released].Inc() // those in releasing were counted when released
+		}
 		// The fence cancels the slots' contexts from goroutines of its
 		// own; cancel them here first, so that the removal's plain
 		// cancellation never comes first and hides the cause.
@@ -267,13 +279,13 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	var pending []string
 	switch {
 	case req == nil:
-		r.log.WithError(context.Cause(ep.fence.ctx)).Warn("fence passed: stopping every controller here, without their StopFuncs, until etcd answers again")
+		r.log.Warn("fence passed: stopping every controller here, without their StopFuncs, until etcd answers again", "error", context.Cause(ep.fence.ctx))
 		r.inner.RemoveAll()
 		inMargin, cancel := context.WithTimeout(context.Background(), r.opts.Margin)
 		pending, req = awaitStopped(stopping, inMargin.Done(), r.stopReq)
 		cancel()
 		if len(pending) > 0 && req == nil {
-			r.log.Warnf("still running %v after the fence passed, past their Margin: they may overlap the next holder: %s", r.opts.Margin, strings.Join(pending, ", "))
+			r.log.Warn(fmt.Sprintf("still running %v after the fence passed, past their Margin: they may overlap the next holder: %s", r.opts.Margin, strings.Join(pending, ", ")))
 			pending, req = awaitStopped(stopping, nil, r.stopReq)
 		}
 		if req != nil && len(pending) > 0 {

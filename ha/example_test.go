@@ -8,10 +8,13 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"net/http"
 	"time"
 
 	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -96,4 +99,29 @@ func ExampleLocal() {
 		log.Print(err)
 	}
 	// Output: sync running here: true
+}
+
+// A replica's observability: its metrics in the registry of the core's,
+// made with the same options; who runs what, from any replica; and its
+// health for a readiness probe.
+func ExampleStatusHandler() {
+	var cli *clientv3.Client // the service's client
+	opts := controller.MetricsOpts{Namespace: "my_service"}
+	coreMetrics, replicaMetrics := controller.NewMetrics(opts), ha.NewMetrics(opts)
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(coreMetrics, replicaMetrics)
+
+	r, err := ha.Join(context.Background(), cli, ha.Options{
+		Prefix:         "/my-service",
+		Metrics:        replicaMetrics,
+		ManagerOptions: []controller.Option{controller.WithMetrics(coreMetrics)},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("/placement", ha.StatusHandler(r)) // HTML, JSON or text
+	mux.Handle("/readyz", ha.HealthHandler(r))    // 503 and why, while not a working member
+	log.Fatal(http.ListenAndServe(":8080", mux))
 }

@@ -1,9 +1,11 @@
 // Why a replica whose fence passed is not a member again yet: logged (a
 // duplicate ID at Warn, rate-limited) and shown in Status.
+
 package ha
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -33,11 +35,11 @@ func (r *Replica) reportRejoin(l *rejoinLog, err error) {
 	case errors.Is(err, ErrDuplicateID):
 		l.dropped++
 		if l.warned.IsZero() || time.Since(l.warned) >= duplicateWarnEvery {
-			r.log.WithError(err).WithField("attempts", l.dropped).
-				Warnf("cannot join again: another live replica uses this ID; retrying, and saying so at most every %v", duplicateWarnEvery)
+			r.log.Warn(fmt.Sprintf("cannot join again: another live replica uses this ID; retrying, and saying so at most every %v", duplicateWarnEvery),
+				"error", err, "attempts", l.dropped)
 			l.warned, l.dropped = time.Now(), 0
 		}
 	default:
-		r.log.WithError(err).Debug("joining again")
+		r.log.Debug("joining again", "error", err)
 	}
 }

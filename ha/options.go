@@ -86,13 +86,23 @@ type Options struct {
 	// nothing. Zero: 1s; negative: none.
 	Settle time.Duration
 
-	// Logger receives the replica's logs, with the field replica=<ID>,
-	// and its controllers' logs. Nil: logrus.StandardLogger().
+	// Logger is the logrus logger of the replica's inner
+	// [controller.Manager], as [controller.WithLogger] would set it. The
+	// replica logs where that Manager logs ([controller.Manager.Logger]),
+	// so its lines and its controllers' share one sink, each with the
+	// field replica=<ID>. Nil: the Manager's default, logrus'
+	// standard logger, unless ManagerOptions choose a logger.
 	Logger logrus.FieldLogger
 
+	// Metrics records the replica's metrics; register it beside the
+	// core's, made with the same [controller.MetricsOpts] (see [Metrics]).
+	// Nil: [DefaultMetrics].
+	Metrics *Metrics
+
 	// ManagerOptions configure the replica's inner [controller.Manager]
-	// (for instance [controller.WithMetrics]); Logger is applied first, so
-	// a [controller.WithLogger] here overrides it for the controllers.
+	// (for instance [controller.WithMetrics]). They are applied after
+	// Logger: a [controller.WithSlog] or [controller.WithLogger] here
+	// replaces it, for the replica's lines as for the controllers'.
 	ManagerOptions []controller.Option
 }
 
@@ -121,6 +131,9 @@ func (o Options) normalize() (Options, error) {
 	}
 	if o.ID == "" {
 		o.ID = defaultID()
+	}
+	if o.Metrics == nil {
+		o.Metrics = DefaultMetrics
 	}
 	if strings.Contains(o.ID, "/") {
 		bad("ID must not contain \"/\", got %q", o.ID)

@@ -41,7 +41,7 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 	for {
 		if ep.watch == nil && ep.retry == nil {
 			if err := r.relist(ep); err != nil {
-				r.log.WithError(err).Debug("listing members and claims")
+				r.log.Debug("listing members and claims", "error", err)
 				r.retryLater(ep)
 			}
 		}
@@ -120,10 +120,20 @@ func (r *Replica) relist(ep *epoch) error {
 	}
 	r.mu.Lock()
 	clear(r.members)
-	clear(r.claims)
+	clear(r.memberLeases)
+	prev := r.claims
+	r.claims = make(map[string]claimView, len(prev))
 	r.memberIDs, r.leader = nil, ""
+	r.listedRev = resp.Header.Revision
+	r.heard = time.Now()
 	for _, kv := range resp.Kvs {
-		r.putLocked(kv)
+		r.putLocked(kv, time.Time{})
+	}
+	for name, c := range r.claims {
+		if p, ok := prev[name]; ok && p.rev == c.rev {
+			c.since = p.since // the same holding, seen before this listing
+			r.claims[name] = c
+		}
 	}
 	r.viewRev = resp.Header.Revision
 	r.allDirty = true
@@ -146,8 +156,10 @@ func (r *Replica) relist(ep *epoch) error {
 // claim created after a batch's last event would look deleted
 // (stepLocked's lost) while its creation is still on the way.
 func (r *Replica) apply(wr clientv3.WatchResponse) {
+	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.heard = now
 	if wr.IsProgressNotify() {
 		r.viewRev = max(r.viewRev, wr.Header.Revision)
 		return
@@ -155,14 +167,18 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 	for _, ev := range wr.Events {
 		r.viewRev = max(r.viewRev, ev.Kv.ModRevision)
 		if ev.Type == mvccpb.PUT {
-			r.putLocked(ev.Kv)
+			r.putLocked(ev.Kv, now)
 			continue
 		}
 		key := string(ev.Kv.Key)
 		if id, ok := strings.CutPrefix(key, r.keys.members); ok {
-			if id == r.opts.ID {
+			if id == r.opts.ID && ev.Kv.ModRevision > r.listedRev {
+				// (A deletion at or before the listing comes again from a
+				// watch that starts at the listed revision: the relist
+				// saw it already.)
 				r.memberLost = true
 			}
+			delete(r.memberLeases, id)
 			if _, had := r.members[id]; had {
 				delete(r.members, id)
 				r.membershipChangedLocked()
@@ -177,18 +193,27 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 	}
 }
 
-func (r *Replica) putLocked(kv *mvccpb.KeyValue) {
+// putLocked brings a key into the view. seen is when the watch delivered
+// it; zero from a listing.
+func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 	key := string(kv.Key)
 	if id, ok := strings.CutPrefix(key, r.keys.members); ok {
 		if id == r.opts.ID && clientv3.LeaseID(kv.Lease) != r.lease {
 			r.memberLost = true
 		}
+		r.memberLeases[id] = clientv3.LeaseID(kv.Lease)
 		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
 			r.members[id] = kv.CreateRevision
 			r.membershipChangedLocked()
 		}
 	} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
-		r.claims[name] = claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		c := claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		if old, had := r.claims[name]; had && old.rev == c.rev && !old.since.IsZero() {
+			c.since = old.since // the same holding, put again (a watch replayed from the listing)
+		} else if c.rev > r.listedRev {
+			c.since = seen // created after the listing: seen within a round trip
+		}
+		r.claims[name] = c
 		r.dirty[name] = struct{}{}
 	}
 }
@@ -253,22 +278,32 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		if c, held := r.claims[name]; held && c.lease == ep.lease {
 			s = newSlot(releasing)
 			s.claim = Claim{Key: r.keys.claims + name, Revision: c.rev}
+			s.stray = true
 			r.slots[name] = s
-			r.releaseLocked(ep, name, s, "")
+			r.releaseLocked(ep, name, s, false, "")
 		}
 	case s != nil && s.state == running:
 		c, held := r.claims[name]
 		lost := r.viewRev >= s.claim.Revision && (!held || c.rev != s.claim.Revision)
+		if lost {
+			r.log.Warn("claim deleted under a running controller: stopping it", "name", name)
+		}
 		switch {
 		case lost:
-			r.log.WithField("name", name).Warn("claim deleted under a running controller: stopping it")
-			r.releaseLocked(ep, name, s, ReasonLost)
-		case !registered:
-			r.releaseLocked(ep, name, s, ReasonRemoved)
+			r.releaseLocked(ep, name, s, true, ReasonLost)
 		case !ours:
-			r.releaseLocked(ep, name, s, ReasonMoved)
+			r.releaseLocked(ep, name, s, true, notOursReason(registered))
 		}
 	}
+}
+
+// notOursReason is why a name that is not ours is released: removed when
+// it is no longer registered here, else moved to another member.
+func notOursReason(registered bool) Reason {
+	if registered {
+		return ReasonMoved
+	}
+	return ReasonRemoved
 }
 
 func (r *Replica) report(ep *epoch, res result) {
@@ -279,13 +314,22 @@ func (r *Replica) report(ep *epoch, res result) {
 }
 
 // releaseLocked moves s to releasing: it removes name's controller (when
-// installed: reason says why, "" when it never was), and a worker waits
-// until it has terminated, StopFunc included, and only then deletes the
-// claim.
-func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, reason Reason) {
-	s.state, s.reason = releasing, reason
-	var terminated chan struct{}
+// installed), and a worker waits until it has terminated, StopFunc
+// included, and only then deletes the claim. reason is the release's:
+// moved, removed or lost, for the metrics (whose reason label takes these
+// values) and, when its controller was installed, for the Released event;
+// "" for a stray claim, never counted as acquired either (nothing ran
+// under it), so that acquired − released is the claims held.
+func (r *Replica) releaseLocked(ep *epoch, name string, s *slot, installed bool, reason Reason) {
 	if reason != "" {
+		r.opts.Metrics.released[string(reason)].Inc()
+	}
+	s.state = releasing
+	if installed {
+		s.reason = reason
+	}
+	var terminated chan struct{}
+	if installed {
 		terminated = r.inner.TerminationChannel(name) // before the removal, which forgets the name
 		_ = r.inner.RemoveController(name)
 	}
@@ -435,8 +479,14 @@ func (r *Replica) handle(ep *epoch, res result) {
 	switch res.kind {
 	case released:
 		delete(r.slots, res.name)
+		if c, ok := r.claims[res.name]; ok && c.rev == s.claim.Revision {
+			// Deleted: the view would keep it until the watch brings the
+			// deletion, and take it meanwhile for a stray claim of this
+			// lease, to release a second time.
+			delete(r.claims, res.name)
+		}
 		s.end()
-		r.log.WithField("name", res.name).Info("released: stopped here, claim deleted")
+		r.log.Info("released: stopped here, claim deleted", "name", res.name)
 		r.dirty[res.name] = struct{}{}
 		if s.reason != "" {
 			r.emit(Event{Kind: Released, Lease: ep.lease, Name: res.name, Revision: s.claim.Revision, Reason: s.reason})

@@ -7,13 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/bgctl/controller"
-	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -40,7 +40,7 @@ type Replica struct {
 	cli   *clientv3.Client
 	opts  Options
 	keys  keys
-	log   *logrus.Entry
+	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
 	inner *controller.Manager
 
 	// wake (capacity 1) tells the loop that registrations changed; stopReq
@@ -73,6 +73,7 @@ type Replica struct {
 	//	slots                                   the loop; UpdateController rebinds a running slot's context
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
+	//	memberLeases, listedRev, heard          the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
 	//	joinErr                                 the loop, as it joins again
 	//	memberIDs, leader                       whoever computes an owner (caches of members)
@@ -94,6 +95,10 @@ type Replica struct {
 	fence     *fence                                 // of the current epoch; a passed one between epochs
 	joinErr   error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
 	closed    bool                                   // Leave or Close was called
+
+	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
+	listedRev    int64                       // the revision of the view's last listing
+	heard        time.Time                   // when the watch last spoke, or the view was listed, or the epoch began
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
@@ -118,7 +123,8 @@ func keysOf(prefix string) keys {
 type claimView struct {
 	holder string // the key's value: the holder's ID
 	lease  clientv3.LeaseID
-	rev    int64 // create revision
+	rev    int64     // create revision
+	since  time.Time // when the watch brought its creation; zero: it was there when the view was listed
 }
 
 // slotState is where a name claimed by this replica stands. The
@@ -150,6 +156,8 @@ type slot struct {
 	state   slotState
 	claim   Claim           // set on leaving acquiring
 	reason  Reason          // why its controller was removed; "" while it runs, or when it never ran
+	since   time.Time       // when the claim's creation was answered; set with claim
+	stray   bool            // a claim of this lease found without a slot, released at once; never counted as held
 	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
 	userCtx context.Context // the registration's Context ctx was made from
 	cancel  context.CancelCauseFunc
@@ -205,18 +213,13 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	var log *logrus.Entry
-	if opts.Logger != nil {
-		log = opts.Logger.WithField("replica", opts.ID)
-	} else {
-		log = logrus.StandardLogger().WithField("replica", opts.ID)
-	}
+	inner := controller.NewManager(managerOptions(opts)...)
 	r := &Replica{
 		cli:     cli,
 		opts:    opts,
 		keys:    keysOf(opts.Prefix),
-		log:     log,
-		inner:   controller.NewManager(append([]controller.Option{controller.WithLogger(log)}, opts.ManagerOptions...)...),
+		log:     inner.Logger(),
+		inner:   inner,
 		wake:    make(chan struct{}, 1),
 		stopReq: make(chan stopRequest, 1),
 		done:    make(chan struct{}),
@@ -225,6 +228,8 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		dirty:   make(map[string]struct{}),
 		members: make(map[string]int64),
 		claims:  make(map[string]claimView),
+
+		memberLeases: make(map[string]clientv3.LeaseID),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.claimBatch.Store(maxClaimBatch)
@@ -292,8 +297,21 @@ func (r *Replica) Join(ctx context.Context) error {
 		r.mu.Unlock()
 		ep.settle = time.NewTimer(r.opts.Settle)
 	}
-	go r.run(ep) // joined by Leave and Close, through r.done
+	r.opts.Metrics.add(r) // removed by run as it ends
+	go r.run(ep)          // joined by Leave and Close, through r.done
 	return nil
+}
+
+// managerOptions are the options of a replica's inner Manager: the
+// Logger, the user's options, then the replica's ID on every line of the
+// Manager's sink, which the replica's own lines share.
+func managerOptions(opts Options) []controller.Option {
+	mopts := make([]controller.Option, 0, len(opts.ManagerOptions)+2)
+	if opts.Logger != nil {
+		mopts = append(mopts, controller.WithLogger(opts.Logger))
+	}
+	mopts = append(mopts, opts.ManagerOptions...)
+	return append(mopts, controller.WithLogAttrs(slog.String("replica", opts.ID)))
 }
 
 // ID returns the replica's member ID.

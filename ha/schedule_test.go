@@ -142,7 +142,7 @@ func TestRandomSchedule(t *testing.T) {
 	t.Logf("schedule of %v (seed %d): %v; converged on %v %v after the last heal; slowest Close or Leave %v",
 		*scheduleFor, seed, ops, ids, took, c.slowestStop)
 	for _, n := range live(everyone) {
-		if st := n.r.Status(); st.Lease == "" || !slices.Contains(st.Members, n.id) {
+		if st := n.r.Status(); st.Lease == "" || !slices.ContainsFunc(st.Members, func(m MemberStatus) bool { return m.ID == n.id }) {
 			t.Errorf("%s ends the schedule with lease %q and members %v", n.id, st.Lease, st.Members)
 		}
 	}

@@ -4,17 +4,26 @@
 package ha
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/bgctl/controller"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Status is one replica's view of the members and of every name
 // registered on it. Replicas see changes at slightly different moments, so
 // two replicas' statuses may disagree for a moment; the claims, not the
-// views, keep a name from running twice.
+// views, keep a name from running twice. Its JSON writes durations as the
+// core's status does, as strings such as "1.5s".
 type Status struct {
+	// Prefix is the etcd key prefix of the group (Options.Prefix).
+	Prefix string `json:"prefix"`
 	// ID is this replica's member ID.
 	ID string `json:"id"`
 	// Mode is "spread" or "leader".
@@ -23,8 +32,8 @@ type Status struct {
 	// fence passed and it is joining again).
 	Lease string `json:"lease,omitempty"`
 	// Fence is the time left before this replica stops on its own unless
-	// etcd answers a keepalive; 0 without a lease.
-	Fence time.Duration `json:"fence"`
+	// etcd answers a keepalive, to the millisecond; 0 without a lease.
+	Fence controller.Duration `json:"fence"`
 	// JoinError says why this replica, whose fence passed, is not a
 	// member again yet: the error of its last attempt to join, which it
 	// retries every 200ms or so. A message wrapping [ErrDuplicateID] means
@@ -32,10 +41,27 @@ type Status struct {
 	// share an ID, and this one runs nothing until the other leaves or
 	// its lease expires. "" while a member, and before any attempt failed.
 	JoinError string `json:"joinError,omitempty"`
-	// Members are the live members' IDs, sorted.
-	Members []string `json:"members"`
+	// Members are the live members, sorted by ID.
+	Members []MemberStatus `json:"members"`
 	// Names are the names registered on this replica, sorted.
 	Names []NameStatus `json:"names"`
+}
+
+// MemberStatus is one live member, as a replica sees it.
+type MemberStatus struct {
+	// ID is the member's ID.
+	ID string `json:"id"`
+	// Lease is the lease of its member key, in hex.
+	Lease string `json:"lease"`
+	// Revision is the create revision of its member key: the oldest
+	// member, the one [Leader] mode runs everything on, has the lowest.
+	Revision int64 `json:"revision"`
+	// TTL is the time etcd has left on the member's lease, in whole
+	// seconds as etcd counts it. A member's fence, known to the member
+	// alone, passes at least its Margin before. Set by
+	// [Replica.GroupStatus], which asks etcd; nil from [Replica.Status],
+	// and when etcd did not tell.
+	TTL *controller.Duration `json:"ttl,omitempty"`
 }
 
 // NameStatus is where one name stands, as a replica sees it.
@@ -49,43 +75,102 @@ type NameStatus struct {
 	// soon as it created the claim, others once the watch shows it); ""
 	// when none.
 	Holder string `json:"holder,omitempty"`
+	// Since is when the claim was created, as this replica learned it:
+	// from its own transaction's answer, or from the watch, within a
+	// round trip of the creation. Nil without a holder, or for a claim
+	// this replica found when it listed the prefix (its age unknown).
+	Since *time.Time `json:"since,omitempty"`
+	// Revision is the claim's create revision, 0 without a holder.
+	Revision int64 `json:"revision,omitempty"`
 	// State is "acquiring", "running" or "releasing" on this replica, or
 	// "" when this replica neither holds nor wants it.
 	State string `json:"state,omitempty"`
-	// Revision is the claim's create revision while this replica holds
-	// it, else 0.
-	Revision int64 `json:"revision,omitempty"`
 }
 
-// Status returns this replica's view of the members and the names.
+// Status returns this replica's view of the members and the names. It
+// asks etcd nothing: see [Replica.GroupStatus] for the members' leases.
 func (r *Replica) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := Status{ID: r.opts.ID, Mode: r.opts.Mode.String(), Members: make([]string, 0, len(r.members))}
+	st := Status{Prefix: r.opts.Prefix, ID: r.opts.ID, Mode: r.opts.Mode.String(), Members: make([]MemberStatus, 0, len(r.members))}
 	if r.lease != 0 {
-		st.Lease = fmt.Sprintf("%x", int64(r.lease))
-		st.Fence = r.fence.remaining()
+		st.Lease = leaseHex(r.lease)
+		st.Fence = controller.Duration(r.fence.remaining().Round(time.Millisecond))
 	}
 	if r.joinErr != nil {
 		st.JoinError = r.joinErr.Error()
 	}
-	for id := range r.members {
-		st.Members = append(st.Members, id)
+	for id, rev := range r.members {
+		st.Members = append(st.Members, MemberStatus{ID: id, Lease: leaseHex(r.memberLeases[id]), Revision: rev})
 	}
-	slices.Sort(st.Members)
+	slices.SortFunc(st.Members, func(a, b MemberStatus) int { return strings.Compare(a.ID, b.ID) })
 	st.Names = make([]NameStatus, 0, len(r.regs))
 	for name := range r.regs {
-		ns := NameStatus{Name: name, Owner: r.ownerLocked(name), Holder: r.claims[name].holder}
+		c, held := r.claims[name]
+		ns := NameStatus{Name: name, Owner: r.ownerLocked(name)}
+		if held {
+			ns.Holder, ns.Revision, ns.Since = c.holder, c.rev, timeOrNil(c.since)
+		}
 		if s := r.slots[name]; s != nil {
 			ns.State = s.state.String()
 			if s.state != acquiring {
 				// Known from the claim's creation, before the watch
 				// brings the key into the view.
-				ns.Holder, ns.Revision = r.opts.ID, s.claim.Revision
+				ns.Holder, ns.Revision, ns.Since = r.opts.ID, s.claim.Revision, timeOrNil(s.since)
 			}
 		}
 		st.Names = append(st.Names, ns)
 	}
 	slices.SortFunc(st.Names, func(a, b NameStatus) int { return strings.Compare(a.Name, b.Name) })
 	return st
+}
+
+// GroupStatus is [Replica.Status] with the time etcd has left on each
+// member's lease ([MemberStatus.TTL]). It asks etcd, one request per
+// member, all at once, each within ctx and Options.RequestTimeout; the
+// error names the members whose lease etcd did not tell, and the Status
+// is complete but for their TTL.
+func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
+	st := r.Status()
+	errs := make([]error, len(st.Members))
+	var wg sync.WaitGroup
+	for i := range st.Members {
+		m := &st.Members[i]
+		// Owned by GroupStatus, joined below; each writes only its own
+		// member and error.
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
+			defer cancel()
+			var id int64
+			if _, err := fmt.Sscanf(m.Lease, "%x", &id); err != nil {
+				errs[i] = fmt.Errorf("member %q: lease %q: %w", m.ID, m.Lease, err)
+				return
+			}
+			resp, err := r.cli.TimeToLive(ctx, clientv3.LeaseID(id))
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("member %q: reading lease %s: %w", m.ID, m.Lease, err)
+			case resp.TTL < 0:
+				errs[i] = fmt.Errorf("member %q: lease %s has expired", m.ID, m.Lease)
+			default:
+				ttl := controller.Duration(time.Duration(resp.TTL) * time.Second)
+				m.TTL = &ttl
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return st, fmt.Errorf("ha: GroupStatus: %w", err)
+	}
+	return st, nil
+}
+
+func leaseHex(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }
+
+// timeOrNil returns &t, or nil for the zero time.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }

@@ -6,11 +6,10 @@ package ha
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
-
-	"github.com/sirupsen/logrus"
 )
 
 // serverVersion is an etcd release number, as the maintenance Status call
@@ -130,7 +129,7 @@ func (r *Replica) checkServerVersions(ctx context.Context) {
 // warnOldServers asks every endpoint for its version with ask, all at once,
 // and logs one warning naming the oldest server that is too old, if any.
 // ask must return when ctx ends.
-func warnOldServers(ctx context.Context, log logrus.FieldLogger, endpoints []string, ask func(context.Context, string) (string, error)) {
+func warnOldServers(ctx context.Context, log *slog.Logger, endpoints []string, ask func(context.Context, string) (string, error)) {
 	type answer struct {
 		version string
 		err     error
@@ -153,23 +152,22 @@ func warnOldServers(ctx context.Context, log logrus.FieldLogger, endpoints []str
 		worstMin serverVersion
 	)
 	for i, a := range answers {
-		log := log.WithField("endpoint", endpoints[i])
 		if a.err != nil {
-			log.WithError(a.err).Debug("asking etcd for its version")
+			log.Debug("asking etcd for its version", "endpoint", endpoints[i], "error", a.err)
 			continue
 		}
 		v, err := parseServerVersion(a.version)
 		if err != nil {
-			log.WithError(err).Debug("asking etcd for its version")
+			log.Debug("asking etcd for its version", "endpoint", endpoints[i], "error", err)
 			continue
 		}
-		log.WithField("version", v.String()).Debug("etcd version")
+		log.Debug("etcd version", "endpoint", endpoints[i], "version", v.String())
 		minimum, old := serverTooOld(v)
 		if old && (worstAt == "" || v.compare(worst) < 0) {
 			worst, worstAt, worstMin = v, endpoints[i], minimum
 		}
 	}
 	if worstAt != "" {
-		log.WithFields(logrus.Fields{"endpoint": worstAt, "version": worst.String()}).Warn(serverVersionWarning(worstAt, worst, worstMin))
+		log.Warn(serverVersionWarning(worstAt, worst, worstMin), "endpoint", worstAt, "version", worst.String())
 	}
 }

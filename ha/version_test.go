@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 )
@@ -135,7 +136,7 @@ func TestWarnOldServers(t *testing.T) {
 			logger.SetLevel(logrus.DebugLevel)
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancel()
-			warnOldServers(ctx, logger, tc.endpoints, versions(tc.answers))
+			warnOldServers(ctx, controller.NewManager(controller.WithLogger(logger)).Logger(), tc.endpoints, versions(tc.answers))
 			var warnings []string
 			debug := 0
 			for _, e := range hook.AllEntries() {

@@ -1,11 +1,13 @@
 // The view's watch: a watch of the prefix on a gRPC stream of its own,
 // asked for its progress while it is quiet, and replaced when it stays
 // silent.
+
 package ha
 
 import (
 	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,9 +20,9 @@ import (
 // context has the same metadata on one gRPC stream, and sends a progress
 // request on the stream its context's metadata names; etcd answers it
 // only once every watch on that stream has caught up. A stream of its own
-// keeps the answer from waiting on a watch of the service's, and lets a
-// replaced watch take its stuck stream down with it: the client closes a
-// stream when its last watch is cancelled.
+// keeps the answer from waiting on a watch of the service's. Each watch
+// also has a Watcher of its own, whose Close takes its stream down (see
+// viewWatch.watcher).
 const watchStreamKey = "bgctl-ha-watch"
 
 // watchSeq numbers the view's watches in the process, whose replicas may
@@ -47,6 +49,14 @@ type viewWatch struct {
 
 	asked     chan struct{}      // closed when the last progress request returned; nil: none sent
 	askCancel context.CancelFunc // ends that request
+
+	// watcher is the watch's own: closing it takes down its gRPC stream
+	// in every state, where cancelling the watch leaves a stream open
+	// until the client closes when the watch was not confirmed yet, or
+	// its stream was reconnecting. Closed by stop, on a goroutine counted
+	// in wg (the epoch's), as Close waits for the stream's goroutines.
+	watcher clientv3.Watcher
+	wg      *sync.WaitGroup
 }
 
 // startWatch watches the prefix from rev, the revision the view was
@@ -63,12 +73,14 @@ func (r *Replica) startWatch(ep *epoch, rev int64) *viewWatch {
 		created: make(chan clientv3.WatchChan, 1),
 		heard:   time.Now(),
 		check:   time.NewTicker(r.opts.keepAliveEvery()),
+		watcher: clientv3.NewWatcher(r.cli),
+		wg:      &ep.wg,
 	}
 	w.ctx, w.cancel = context.WithCancel(ctx)
 	ep.wg.Add(1)
 	go func() { // owned by the loop; joined by endEpoch through ep.wg, once stop ended w.ctx
 		defer ep.wg.Done()
-		w.created <- r.cli.Watch(w.ctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		w.created <- w.watcher.Watch(w.ctx, r.keys.all, clientv3.WithPrefix(), clientv3.WithRev(rev))
 	}()
 	return w
 }
@@ -130,8 +142,8 @@ func (r *Replica) askProgress(ep *epoch, w *viewWatch) {
 		defer ep.wg.Done()
 		defer close(done)
 		defer cancel()
-		if err := r.cli.RequestProgress(ctx); err != nil {
-			r.log.WithError(err).Debug("requesting the watch's progress")
+		if err := w.watcher.RequestProgress(ctx); err != nil {
+			r.log.Debug("requesting the watch's progress", "error", err)
 		}
 	}()
 }
@@ -148,6 +160,11 @@ func (w *viewWatch) stop() {
 		<-w.asked
 	}
 	w.cancel()
+	w.wg.Add(1)
+	go func() { // owned by the loop; joined by endEpoch through ep.wg
+		defer w.wg.Done()
+		_ = w.watcher.Close()
+	}()
 }
 
 // dropWatch stops the epoch's watch; the loop lists and watches anew.
@@ -166,7 +183,7 @@ func (r *Replica) checkWatchNow(ep *epoch, now time.Time) {
 			r.askProgress(ep, w)
 		}
 	case replaceWatch:
-		r.log.WithField("silent", silent.Round(time.Millisecond)).Warn("watch of the prefix silent for too long (no event, no progress notification): listing again")
+		r.log.Warn("watch of the prefix silent for too long (no event, no progress notification): listing again", "silent", silent.Round(time.Millisecond))
 		r.dropWatch(ep)
 	}
 }

@@ -1,6 +1,7 @@
 // The view's watch against a real etcd: a watch that lags more than
 // etcd's catch-up batch behind restarts nothing, a stalled one is
 // replaced, a quiet one is kept.
+
 package ha
 
 import (
@@ -162,7 +163,7 @@ func TestStalledWatchIsReplaced(t *testing.T) {
 	if st.heldFrames() == 0 {
 		t.Error("the staller held no frame: r0's watch never stalled, and this test showed nothing")
 	}
-	if got := r0.r.Status().Members; len(got) != 1 || got[0] != "r0" {
+	if got := r0.r.Status().Members; len(got) != 1 || got[0].ID != "r0" {
 		t.Errorf("r0's view of the members is %v, want [r0]", got)
 	}
 	c.rec.assertNoOverlap(t)

@@ -1,6 +1,7 @@
 // A TCP proxy that reads just enough HTTP/2 to hold what etcd sends on
 // the watch streams open at a given moment, while everything else on the
 // connection goes on: lease keepalives, other requests, gRPC pings.
+
 package ha
 
 import (
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/net/http2/hpack"
@@ -39,6 +41,10 @@ const (
 type watchStaller struct {
 	ln     net.Listener // immutable
 	target string       // immutable
+
+	// holdNew makes every watch stream opened from now on held as well
+	// (stallNew).
+	holdNew atomic.Bool
 
 	mu    sync.Mutex
 	links map[*h2link]bool // guarded by mu; the open connections
@@ -84,6 +90,10 @@ func (s *watchStaller) stall() {
 		l.mu.Unlock()
 	}
 }
+
+// stallNew holds every watch stream opened from now on, on every
+// connection, from its first frame: a watch on it is never confirmed.
+func (s *watchStaller) stallNew() { s.holdNew.Store(true) }
 
 // heldFrames returns how many frames have been held so far.
 func (s *watchStaller) heldFrames() int {
@@ -173,6 +183,9 @@ func (s *watchStaller) fromClient(l *h2link) {
 					if f.Name == ":path" && f.Value == watchPath {
 						l.mu.Lock()
 						l.watches[id] = true
+						if s.holdNew.Load() {
+							l.held[id] = true
+						}
 						l.mu.Unlock()
 					}
 				}

@@ -6,6 +6,7 @@
 //	go run .                       # starts an etcd inside the process
 //	go run . -etcd 127.0.0.1:2379  # uses a running one
 //	go run . -serve-etcd           # only serves an etcd, for replicas of your own
+//	go run . -listen :8080 -duration 5m  # and serves who runs what at /placement, beside /metrics
 //
 // It is a module of its own, so that the etcd server it embeds is never a
 // dependency of github.com/bgctl/controller/ha.
@@ -28,6 +29,7 @@ import (
 
 	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -40,6 +42,7 @@ func main() {
 	duration := flag.Duration("duration", 8*time.Second, "how long to run; the crash comes half-way")
 	verbose := flag.Bool("v", false, "show the replicas' Info logs (claims taken and released)")
 	serveEtcd := flag.Bool("serve-etcd", false, "run no replicas: start the embedded etcd, print its address and serve until SIGINT or SIGTERM")
+	listen := flag.String("listen", "", "serve HTTP on this host:port (port 0: any) while the replicas run: /placement, /metrics, /controllers, /replicas/<id>/readyz")
 	flag.Parse()
 
 	if *serveEtcd {
@@ -67,6 +70,12 @@ func main() {
 	}
 	board := newBoard()
 	prefix := fmt.Sprintf("/examples/replicas/%d", time.Now().UnixNano())
+	// The core's metrics and the replicas', made with the same options
+	// and registered together.
+	metricsOpts := controller.MetricsOpts{Namespace: "example"}
+	coreMetrics, haMetrics := controller.NewMetrics(metricsOpts), ha.NewMetrics(metricsOpts)
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(coreMetrics, haMetrics)
 
 	type member struct {
 		cli *clientv3.Client
@@ -79,7 +88,8 @@ func main() {
 			log.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := ha.Join(ctx, cli, ha.Options{Prefix: prefix, ID: id, TTL: *ttl, Logger: logger})
+		r, err := ha.Join(ctx, cli, ha.Options{Prefix: prefix, ID: id, TTL: *ttl, Logger: logger,
+			Metrics: haMetrics, ManagerOptions: []controller.Option{controller.WithMetrics(coreMetrics)}})
 		cancel()
 		if err != nil {
 			log.Fatal(err)
@@ -98,6 +108,18 @@ func main() {
 			})
 		}
 		members[id] = member{cli, r}
+	}
+
+	if *listen != "" {
+		replicas := map[string]*ha.Replica{}
+		for id, m := range members {
+			replicas[id] = m.r
+		}
+		stop, err := serveHTTP(*listen, registry, replicas, "r0")
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer stop()
 	}
 
 	// The crash hits r1, which runs the most of the twelve names: the

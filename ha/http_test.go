@@ -1,0 +1,343 @@
+// Tests of the placement handler: its three forms, read as a browser and
+// a program would, from a group in which one name has no holder and one
+// is held by a non-owner.
+
+package ha
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bgctl/controller"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// get sends a request to h and returns the response and its body.
+func get(t *testing.T, h http.Handler, method, target, accept string) (*http.Response, string) {
+	t.Helper()
+	req := httptest.NewRequest(method, target, nil)
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	b, err := io.ReadAll(rec.Result().Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.Result(), string(b)
+}
+
+// pageTable is a table of a page as a browser shows it: the class and the
+// cells' text of each body row.
+type pageTable struct {
+	classes []string
+	rows    [][]string
+}
+
+func (tb *pageTable) column(i int) []string {
+	var out []string
+	for _, r := range tb.rows {
+		out = append(out, r[i])
+	}
+	return out
+}
+
+// readPage reads a page as XML (it is well-formed XHTML) and returns its
+// tables by id and the text of the paragraphs by id.
+func readPage(t *testing.T, page string) (tables map[string]*pageTable, paras map[string]string) {
+	t.Helper()
+	d := xml.NewDecoder(strings.NewReader(page))
+	d.Entity = xml.HTMLEntity
+	tables, paras = map[string]*pageTable{}, map[string]string{}
+	var table *pageTable
+	var inBody, inCell bool
+	var para string
+	var cell strings.Builder
+	attr := func(se xml.StartElement, name string) string {
+		for _, a := range se.Attr {
+			if a.Name.Local == name {
+				return a.Value
+			}
+		}
+		return ""
+	}
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the page is not well-formed: %v\n%s", err, page)
+		}
+		switch tok := tok.(type) {
+		case xml.StartElement:
+			switch tok.Name.Local {
+			case "table":
+				table = &pageTable{}
+				tables[attr(tok, "id")] = table
+			case "tbody":
+				inBody = true
+			case "tr":
+				if inBody {
+					table.classes = append(table.classes, attr(tok, "class"))
+					table.rows = append(table.rows, nil)
+				}
+			case "td":
+				inCell = inBody
+				cell.Reset()
+			case "p":
+				para = attr(tok, "id")
+			}
+		case xml.EndElement:
+			switch tok.Name.Local {
+			case "tbody":
+				inBody = false
+			case "td":
+				if inCell {
+					last := &table.rows[len(table.rows)-1]
+					*last = append(*last, cell.String())
+				}
+				inCell = false
+			case "p":
+				if para != "" {
+					paras[para] = strings.Join(strings.Fields(paras[para]), " ")
+				}
+				para = ""
+			}
+		case xml.CharData:
+			if inCell {
+				cell.Write(tok)
+			}
+			if para != "" {
+				paras[para] += string(tok)
+			}
+		}
+	}
+	return tables, paras
+}
+
+// The page from a fixed Status: the marked names first, unknown cells
+// "-", the serving replica starred; marked=1 keeps the marked alone.
+func TestPlacementText(t *testing.T) {
+	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
+	ttl := controller.Duration(2 * time.Second)
+	since := now.Add(-5 * time.Second)
+	st := Status{Prefix: "/svc", ID: "r0", Mode: "spread", Lease: "694d7f3b2a1c8d04", Fence: controller.Duration(1400 * time.Millisecond),
+		Members: []MemberStatus{{ID: "r0", Lease: "694d7f3b2a1c8d04", Revision: 5, TTL: &ttl}, {ID: "r1", Lease: "694d7f3b2a1c8d09", Revision: 7}},
+		Names: []NameStatus{
+			{Name: "job-00", Owner: "r0", Holder: "r0", Since: &since, Revision: 12, State: "running"},
+			{Name: "job-01", Owner: "r1"},
+			{Name: "job-02", Owner: "r1", Holder: "r0", Revision: 9, State: "releasing"},
+		}}
+	var b strings.Builder
+	if err := newPlacementPage(st, errors.New("member \"r1\": reading lease 694d7f3b2a1c8d09:\ndeadline exceeded"), false, now).writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	want := `Replicas of /svc, seen from r0 (spread, lease 694d7f3b2a1c8d04, fence 1.4s) at 2026-01-02T15:04:05Z
+Error: member "r1": reading lease 694d7f3b2a1c8d09: deadline exceeded
+
+Members: 2
+Member   Lease              Lease TTL   Fence   Key revision
+r0 *     694d7f3b2a1c8d04   2s          1.4s    5
+r1       694d7f3b2a1c8d09   -           -       7
+
+Names: 1 held by their owner, 1 without a holder, 1 held by a non-owner
+Mark                  Name     Owner   Holder   Held since   Claim revision   Here
+no holder             job-01   r1      -        -            -                -
+held by a non-owner   job-02   r1      r0       -            9                releasing
+ok                    job-00   r0      r0       5s ago       12               running
+`
+	if b.String() != want {
+		t.Errorf("text:\n%s\nwant:\n%s", b.String(), want)
+	}
+
+	b.Reset()
+	st.Lease = ""
+	if err := newPlacementPage(st, nil, true, now).writeText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(b.String(), "Replicas of /svc, seen from r0 (spread, no lease: joining again) at") ||
+		!strings.Contains(b.String(), "Showing the 2 marked\n") || strings.Contains(b.String(), "job-00") {
+		t.Errorf("marked only, without a lease:\n%s", b.String())
+	}
+}
+
+// Status's JSON writes durations as the core's does: strings.
+func TestStatusJSONDurations(t *testing.T) {
+	ttl := controller.Duration(3 * time.Second)
+	b, err := json.Marshal(Status{Fence: controller.Duration(1500 * time.Millisecond), Members: []MemberStatus{{ID: "r0", TTL: &ttl}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"fence":"1.5s"`, `"ttl":"3s"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("JSON %s has no %s", b, want)
+		}
+	}
+}
+
+// A group of two replicas in which "alone" is registered on r0 only but
+// owned by r1 (no holder), and "taken" is claimed under a lease of no
+// member (held by a non-owner): the page served by r0 shows every name
+// and member, marks those two, and reads the same in all three forms.
+func TestPlacementHandler(t *testing.T) {
+	c := newCluster(t, 6, testOptions())
+	cli := newClient(t, testEtcd)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	intruder, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(context.Background(), intruder.ID)
+	if _, err := cli.Put(ctx, c.prefix+"/claims/taken", "intruder", clientv3.WithLease(intruder.ID)); err != nil {
+		t.Fatal(err)
+	}
+	r0, r1 := c.joinEmpty("r0"), c.joinEmpty("r1")
+	alone := ""
+	for i := 0; alone == ""; i++ {
+		if name := "alone-" + string(rune('a'+i)); spreadOwner(name, []string{"r0", "r1"}) == "r1" {
+			alone = name
+		}
+	}
+	waitFor(t, "each replica to see both", func() bool { return len(r0.r.Status().Members) == 2 && len(r1.r.Status().Members) == 2 })
+	c.names = append(c.names, "taken")
+	c.register(r0)
+	c.register(r1)
+	if err := r0.r.UpdateController(alone, c.rec.params("r0", alone)); err != nil {
+		t.Fatal(err)
+	}
+	want := c.expected([]string{"r0", "r1"})
+	delete(want, "taken")
+	c.waitPlacement(want, 10*time.Second)
+	// r0's view settles after the placement: a claim another replica
+	// released shows under it until the watch brings the deletion.
+	waitFor(t, "r0's view to settle", func() bool {
+		for _, ns := range r0.r.Status().Names {
+			switch ns.Name {
+			case alone:
+				if ns.Holder != "" || ns.State != "" {
+					return false
+				}
+			case "taken":
+			default:
+				if ns.Holder != want[ns.Name] || (ns.State == "running") != (ns.Holder == "r0") || ns.State == "releasing" {
+					return false
+				}
+			}
+		}
+		return true
+	})
+
+	h := StatusHandler(r0.r)
+	resp, body := get(t, h, http.MethodGet, "/placement", "application/json")
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type %q for Accept: application/json", ct)
+	}
+	var raw struct {
+		Fence   string `json:"fence"`
+		Members []struct {
+			ID, Lease, TTL string
+		} `json:"members"`
+	}
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, body)
+	}
+	if d, err := time.ParseDuration(raw.Fence); err != nil || d <= 0 || d > c.opts.TTL || d != d.Round(time.Millisecond) {
+		t.Errorf("fence %q in the JSON: want a duration string within TTL, to the millisecond", raw.Fence)
+	}
+	if len(raw.Members) != 2 || raw.Members[0].ID != "r0" || raw.Members[1].ID != "r1" {
+		t.Fatalf("members in the JSON: %+v", raw.Members)
+	}
+	for _, m := range raw.Members {
+		if d, err := time.ParseDuration(m.TTL); err != nil || d <= 0 || d > c.opts.TTL || m.Lease == "" {
+			t.Errorf("member %s in the JSON: lease %q, TTL %q; want a lease and a TTL string within TTL", m.ID, m.Lease, m.TTL)
+		}
+	}
+	var st Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Prefix != c.prefix || st.ID != "r0" || len(st.Names) != len(c.names)+1 {
+		t.Errorf("status: prefix %q, ID %q, %d names; want %q, r0, %d", st.Prefix, st.ID, len(st.Names), c.prefix, len(c.names)+1)
+	}
+	for _, ns := range st.Names {
+		switch {
+		case ns.Name == alone && ns.Holder == "" && ns.Owner == "r1":
+		case ns.Name == "taken" && ns.Holder == "intruder" && ns.Since == nil && ns.Revision > 0:
+			// created before r0 listed the prefix: its age is unknown
+		case ns.Name != alone && ns.Name != "taken" && ns.Holder == want[ns.Name] && ns.Owner == want[ns.Name] && ns.Since != nil && ns.Revision > 0:
+		default:
+			t.Errorf("name in the JSON: %+v (owner by hashing %s)", ns, want[ns.Name])
+		}
+	}
+
+	resp, page := get(t, h, http.MethodGet, "/placement", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+	if ct := resp.Header.Get("Content-Type"); ct != "text/html; charset=utf-8" {
+		t.Fatalf("Content-Type %q for a browser's Accept", ct)
+	}
+	tables, paras := readPage(t, page)
+	if !strings.HasPrefix(paras["summary"], "2 members, 8 names: 6 held by their owner, 1 without a holder, 1 held by a non-owner. Seen from r0 (spread, lease ") {
+		t.Errorf("summary: %q", paras["summary"])
+	}
+	members, names := tables["members"], tables["names"]
+	if members == nil || names == nil {
+		t.Fatalf("tables %v in the page:\n%s", tables, page)
+	}
+	if got := members.column(1); !slices.Equal(got, []string{"r0", "r1"}) {
+		t.Errorf("members %q", got)
+	}
+	if members.classes[0] != "self" || members.rows[0][0] != "this replica" || members.rows[0][4] == "" || members.rows[1][4] != "" {
+		t.Errorf("member rows %q %q: r0 marked as the serving replica, with its fence alone", members.classes, members.rows)
+	}
+	if got := names.column(1)[:2]; !slices.Equal(got, []string{alone, "taken"}) {
+		t.Errorf("names %q: the marked ones first", names.column(1))
+	}
+	if got := names.classes[:3]; !slices.Equal(got, []string{"unheld", "misplaced", "ok"}) {
+		t.Errorf("row classes %q", names.classes)
+	}
+	if got := names.rows[1]; got[0] != "held by a non-owner" || got[3] != "intruder" {
+		t.Errorf("the taken name's row: %q", got)
+	}
+	for _, row := range names.rows[2:] {
+		if !strings.HasSuffix(row[4], "s ago") || row[5] == "" || (row[3] == "r0") != (row[6] == "running") {
+			t.Errorf("a held name's row: %q; want since when, the revision, and running here when r0 holds it", row)
+		}
+	}
+	if strings.Contains(page, "<script") {
+		t.Error("the page has a script")
+	}
+	tables, _ = readPage(t, func() string { _, b := get(t, h, http.MethodGet, "/placement?format=html&marked=1", ""); return b }())
+	if got := tables["names"].column(1); !slices.Equal(got, []string{alone, "taken"}) {
+		t.Errorf("marked=1 shows %q", got)
+	}
+
+	resp, text := get(t, h, http.MethodGet, "/placement", "")
+	if ct := resp.Header.Get("Content-Type"); ct != "text/plain; charset=utf-8" {
+		t.Fatalf("Content-Type %q without Accept", ct)
+	}
+	for _, want := range []string{"Members: 2\n", "Names: 6 held by their owner, 1 without a holder, 1 held by a non-owner\n", "\nno holder             " + alone + " "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text has no %q:\n%s", want, text)
+		}
+	}
+
+	if resp, _ := get(t, h, http.MethodGet, "/placement?format=xml", ""); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("format=xml: %d, want 400", resp.StatusCode)
+	}
+	if resp, _ := get(t, h, http.MethodPost, "/placement", ""); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %d, want 405", resp.StatusCode)
+	}
+	c.rec.assertNoOverlap(t)
+}

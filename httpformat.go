@@ -1,0 +1,32 @@
+// httpformat.go: the choice of format of StatusHandler, for handlers that
+// serve other data in the same three forms.
+
+package controller
+
+import "net/http"
+
+// NegotiateFormat chooses the format of the answer to r as [StatusHandler]
+// does, for a handler that serves its own data in the same three forms:
+// "json", "text" or "html", from the query parameter format=json|text|html,
+// else from the Accept header (text when neither names one). When r
+// cannot be served so, for a method other than GET and HEAD (405) or an
+// unknown format (400), it answers r itself, as StatusHandler would, and
+// returns ok false. A handler that varies by Accept should say so:
+//
+//	format, ok := controller.NegotiateFormat(w, r)
+//	if !ok {
+//		return
+//	}
+//	w.Header().Add("Vary", "Accept")
+//
+// The replicas of github.com/bgctl/controller/ha serve their placement
+// with it.
+func NegotiateFormat(w http.ResponseWriter, r *http.Request) (format string, ok bool) {
+	if !allowRead(w, r) {
+		return "", false
+	}
+	if format, ok = negotiate(r); !ok {
+		http.Error(w, "unknown format: want json, text or html", http.StatusBadRequest)
+	}
+	return format, ok
+}
