@@ -216,12 +216,12 @@ func TestNewHoldsNothingUntilJoin(t *testing.T) {
 	}
 }
 
-// concurrentStartMoves starts three replicas at once and waits until the
-// names are spread, and returns how many ran on more than one replica.
-// Each replica registers every name and then joins (New, UpdateController,
-// Join), or, with joinFirst, joins and then registers (Join,
-// UpdateController: all there was before New).
-func concurrentStartMoves(t *testing.T, names int, settle time.Duration, joinFirst bool) int {
+// concurrentStartMoves starts three replicas together, the i-th after i ×
+// apart, waits until the names are spread, and returns how many ran on
+// more than one replica. Each replica registers every name and then joins
+// (New, UpdateController, Join), or, with joinFirst, joins and then
+// registers (Join, UpdateController: all there was before New).
+func concurrentStartMoves(t *testing.T, names int, settle time.Duration, joinFirst bool, apart time.Duration) int {
 	opts := testOptions()
 	opts.Settle = settle
 	c := newCluster(t, names, opts)
@@ -235,10 +235,11 @@ func concurrentStartMoves(t *testing.T, names int, settle time.Duration, joinFir
 		nodes = append(nodes, n)
 	}
 	var wg sync.WaitGroup
-	for _, n := range nodes {
+	for i, n := range nodes {
 		wg.Add(1)
 		go func() { // joined below
 			defer wg.Done()
+			time.Sleep(time.Duration(i) * apart)
 			if err := n.r.Join(context.Background()); err != nil {
 				t.Errorf("Join(%s): %v", n.id, err)
 				return
@@ -260,12 +261,13 @@ func concurrentStartMoves(t *testing.T, names int, settle time.Duration, joinFir
 	return c.rec.ranOnSeveral()
 }
 
-// Replicas that register their names, then join together, claim only
-// their share: no name starts on one to move to another at once. Before
-// New and Options.Settle, replicas joined and then registered, and about
-// one name in ten moved.
+// Replicas that register their names, then join together, 100 ms apart,
+// claim only their share: no name starts on one to move to another at
+// once. Before New and Options.Settle, the first claimed every name it
+// owned among the members it saw, and a replica that joined a moment later
+// took hundreds of them over.
 func TestConcurrentStartMovesNothing(t *testing.T) {
-	if moved := concurrentStartMoves(t, 1000, 0, false); moved != 0 {
+	if moved := concurrentStartMoves(t, 1000, 0, false, 100*time.Millisecond); moved != 0 {
 		t.Errorf("%d of 1000 names ran on two replicas after a start together", moved)
 	}
 }
@@ -281,21 +283,23 @@ func TestConcurrentStartMeasurement(t *testing.T) {
 		return
 	}
 	const rounds = 8
-	for _, joinFirst := range []bool{true, false} {
-		for _, settle := range []time.Duration{-1, 0} {
-			var moved []int
-			for range rounds {
-				moved = append(moved, concurrentStartMoves(t, *startNames, settle, joinFirst))
+	for _, apart := range []time.Duration{0, 100 * time.Millisecond} {
+		for _, joinFirst := range []bool{true, false} {
+			for _, settle := range []time.Duration{-1, 0} {
+				var moved []int
+				for range rounds {
+					moved = append(moved, concurrentStartMoves(t, *startNames, settle, joinFirst, apart))
+				}
+				order := "New, UpdateController, Join"
+				if joinFirst {
+					order = "Join, UpdateController"
+				}
+				settled := "none"
+				if settle == 0 {
+					settled = defaultSettle.String() + " (the default)"
+				}
+				t.Logf("joins %v apart; %s; Settle %s: names moved after a start together, of %d, in %d rounds: %v", apart, order, settled, *startNames, rounds, moved)
 			}
-			order := "New, UpdateController, Join"
-			if joinFirst {
-				order = "Join, UpdateController"
-			}
-			settled := "none"
-			if settle == 0 {
-				settled = defaultSettle.String() + " (the default)"
-			}
-			t.Logf("%s; Settle %s: names moved after a start together, of %d, in %d rounds: %v", order, settled, *startNames, rounds, moved)
 		}
 	}
 }
