@@ -19,7 +19,7 @@ import (
 //     depth of DoFunc. TestIdleControllerKeepsTheInitialStack.
 //   - A run without a RunTimeout allocates nothing (with one, it makes a
 //     context and its timer, callTimed): the timer is made once and reset, the run
-//     context is part of the Controller (runContext, which makes a real
+//     context is part of the Controller (runCtxLazy, which makes a real
 //     context only when DoFunc asks for Done), the message of a repeated
 //     error is the same string, and run counts go to the metrics' own
 //     collector. TestRunLoopDoesNotAllocate; a controller's whole life,
@@ -57,8 +57,8 @@ type loop struct {
 	do     ControllerFunc  // DoFunc of the params the next run uses
 	health HealthReporter  // and their HealthReporter, told its outcome
 	group  *groupHandles   // and the metrics of their group, which count it
-	ctx    context.Context // its run context
-	parent context.Context // params.Context, or Background
+	runCtx context.Context // and the run context it gets (Controller.runCtx)
+	parent context.Context // params.Context, or Background: runCtx's parent
 	// timeout is the RunTimeout of the params the next run uses.
 	timeout time.Duration
 	step    int  // failures since the last success or update
@@ -167,7 +167,7 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 			err, stack = panicError(r), debug.Stack()
 		}
 	}()
-	return l.do(l.ctx), nil
+	return l.do(l.runCtx), nil
 }
 
 // callTimed runs DoFunc with a context that ends after RunTimeout. The
@@ -177,7 +177,7 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 //
 //go:noinline
 func callTimed(l *loop) (error, []byte) {
-	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
+	ctx, cancel := context.WithTimeout(l.runCtx, l.timeout)
 	defer cancel()
 	return call(l.do, ctx)
 }
@@ -238,7 +238,7 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 			c.cancelRunCtxLocked()
 		}
 	}
-	l.do, l.health, l.group, l.ctx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
+	l.do, l.health, l.group, l.runCtx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
 	l.timeout = c.params.RunTimeout
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
 	// The run's start, read once: the loop times the run from it too.
@@ -353,7 +353,9 @@ func (c *Controller) runStopFunc() {
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(contextOrBackground(c.params.Context)))
 	defer cancel()
-	c.runCtx, c.runCancel = ctx, cancel
+	// From here on the run context's fields hold the StopFunc's context,
+	// so that expireStop cancels it with cancelRunCtxLocked.
+	c.runCtx, c.runCtxCancel = ctx, cancel
 	if c.stopExpired {
 		cancel()
 	}

@@ -34,7 +34,7 @@ func (c *Controller) classify(l *loop, err error, stack []byte, timedOut bool) (
 		// A panic is a failure, cancelled or not; panicError's message is
 		// our own.
 		return outcomeFailure, err, err.Error()
-	case err != nil && c.mayBeCancelled(l) && l.ctx.Err() != nil:
+	case err != nil && c.mayBeCancelled(l) && l.runCtx.Err() != nil:
 		// A removal or update cancelled the run: that wins over a
 		// timeout, which the run context does not carry.
 		l.lastFailure = nil
