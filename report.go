@@ -55,7 +55,7 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 //go:noinline
 func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
 	if c.mgr.sink.enabled(levelDebug) {
-		c.log(&logLine{level: levelDebug, msg: "controller run", err: err, duration: took, timed: true, outcome: outcomeNames[o]})
+		c.log(&logLine{level: levelDebug, msg: "controller run", err: err, duration: took, timed: true, outcome: o.String()})
 	}
 	switch {
 	case stack != nil && (ev.streakStart || ev.msgChanged):
@@ -71,8 +71,6 @@ func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, ste
 		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("giving up retrying after %d failures; next run on an update, a trigger or the RunInterval", step), err: err})
 	}
 }
-
-var outcomeNames = [...]string{outcomeSuccess: "success", outcomeExit: "exit", outcomeFailure: "failure"}
 
 // reportHealth calls h.OK (err nil) or h.Degraded, recovering a panic.
 func (c *Controller) reportHealth(h HealthReporter, err error) {

@@ -26,15 +26,6 @@ func (p *ControllerParams) retryBase() time.Duration {
 	return p.ErrorRetryBaseDuration
 }
 
-// outcome is how a run ended, as far as scheduling is concerned.
-type outcome uint8
-
-const (
-	outcomeSuccess outcome = iota // DoFunc returned nil
-	outcomeExit                   // an ExitReason, or an error after cancellation
-	outcomeFailure                // any other error, or a panic
-)
-
 // nextWait decides what the run loop does after a run that ended with o.
 // step is the retry step after this run: the number of failures since the
 // last success or update, this one included. jitter is a random sample in

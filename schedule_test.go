@@ -103,7 +103,7 @@ func FuzzSchedule(f *testing.F) {
 		wantWait, wantTimed := referenceWait(oc, p, step, j)
 		if wait != wantWait || timed != wantTimed {
 			t.Fatalf("nextWait(%s, %+v, step %d, jitter %v) = %v, %v; rule 4 gives %v, %v",
-				outcomeNames[oc], p, step, j, wait, timed, wantWait, wantTimed)
+				oc, p, step, j, wait, timed, wantWait, wantTimed)
 		}
 		if wait < 0 || (!timed && wait != 0) {
 			t.Fatalf("nextWait = %v, %v: negative, or a wait without a timer", wait, timed)
