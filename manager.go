@@ -28,40 +28,48 @@ import (
 // either. A Manager must not be copied after first use. Every method is safe
 // for concurrent use.
 type Manager struct {
+	// The fields are grouped by how they are guarded, as Controller's
+	// are.
+
+	// Immutable after construction: fake is set by FakeManager; the
+	// options are set by NewManager or by an Option applied before first
+	// use, and only read after.
+	fake       bool
+	logrusLog  *logrus.Entry // WithLogger; nil: the default
+	slogLog    *slog.Logger  // WithSlog; nil: logrus
+	metrics    *Metrics
+	metricsSet bool          // metrics came from WithMetrics, nil included
+	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source (jitterSource has a lock of its own)
+	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
+	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
+
+	// Atomic: stoppingN counts the controllers removed and not yet
+	// terminated. Incremented under mu by a removal; decremented without
+	// it by each terminating goroutine (release), and the one that brings
+	// it to 0 then takes mu.
+	stoppingN atomic.Int64
+
+	// mu guards every field below. Exception: sink is written once, under
+	// mu, by the first newController (sinkSet then true), and read
+	// without mu by the controllers' goroutines, which start after it
+	// (the go statement orders the two).
 	mu          sync.Mutex
 	controllers map[string]*Controller // installed, by name
 	sorted      []*Controller          // controllers sorted by name; nil: to be rebuilt
 	sortedUUIDs string                 // their UUIDs, 36 bytes each, built with sorted
 	registered  bool                   // in the global registry (has controllers, not fake)
-	fake        bool
-	closed      bool // Shutdown was called: installs are refused
-
-	// Controllers removed and not yet terminated: stoppingN counts them
-	// (decremented without the lock by the terminating goroutine);
-	// stopping lists them with their removal times, terminated ones
-	// included until pruned. Each joined cohort, the open stop cohort,
-	// when it was removed. watch warns of those that stop too slowly
-	// (stopping.go); made on the first removal, armed while watchArmed.
-	stoppingN  atomic.Int64
+	closed      bool                   // Shutdown was called: installs are refused
+	// stopping lists the removed controllers with their removal times,
+	// terminated ones included until pruned. cohort is the open stop
+	// cohort, which each removal joins. watch warns of those that stop
+	// too slowly (stopping.go): made on the first removal, armed while
+	// watchArmed.
 	stopping   []stoppingController
 	cohort     *stopCohort
 	watch      *time.Timer
 	watchArmed bool
-
-	// Options, set before first use.
-	logrusLog  *logrus.Entry // WithLogger; nil: the default
-	slogLog    *slog.Logger  // WithSlog; nil: logrus
-	metrics    *Metrics
-	metricsSet bool          // metrics came from WithMetrics, nil included
-	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source
-	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
-	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
-
-	// sink is where the controllers log, resolved from the options by the
-	// first newController (under mu, sinkSet then true) and read by the
-	// controllers' goroutines, which start after it.
-	sink    logSink
-	sinkSet bool
+	sink       logSink // where the controllers log, resolved from the options
+	sinkSet    bool
 }
 
 // Option configures a Manager made by [NewManager]. An Option may also be
