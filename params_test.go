@@ -13,6 +13,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -33,6 +34,8 @@ func TestValidateNamesTheFieldAndValue(t *testing.T) {
 		{"MaxRetryInterval", ControllerParams{DoFunc: NoopFunc, MaxRetryInterval: -3 * time.Second}, "MaxRetryInterval must not be negative, got -3s"},
 		{"Jitter", ControllerParams{DoFunc: NoopFunc, Jitter: -time.Nanosecond}, "Jitter must not be negative, got -1ns"},
 		{"MaxRetries", ControllerParams{DoFunc: NoopFunc, MaxRetries: -4}, "MaxRetries must not be negative, got -4"},
+		{"RunTimeout", ControllerParams{DoFunc: NoopFunc, RunTimeout: -5 * time.Second}, "RunTimeout must not be negative, got -5s"},
+		{"Group", ControllerParams{DoFunc: NoopFunc, Group: NewGroup("ok\x9a")}, `Group.Name must be valid UTF-8 (it is the metrics label group_name), got "ok\x9a"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,6 +54,28 @@ func TestValidateNamesTheFieldAndValue(t *testing.T) {
 	t.Run("the zero value of every other field is valid", func(t *testing.T) {
 		assert.NoError(t, ControllerParams{DoFunc: NoopFunc}.Validate())
 		assert.NoError(t, ControllerParams{DoFunc: NoopFunc, RunInterval: math.MaxInt64, MaxRetries: math.MaxInt}.Validate())
+	})
+}
+
+// A group name that is not UTF-8 cannot be a Prometheus label value:
+// installing it neither panics (as the metrics library does on such a
+// label) nor runs; the controller shows Validate's error, naming the field.
+func TestGroupNameNotUTF8IsInvalid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		rec := newRecorder()
+		c := e.m.UpdateController("c", ControllerParams{DoFunc: rec.do, Group: NewGroup("\xff")})
+		synctest.Wait()
+		require.Zero(t, rec.count())
+		require.ErrorContains(t, c.GetLastError(), `Group.Name must be valid UTF-8 (it is the metrics label group_name), got "\xff"`)
+		require.ErrorIs(t, e.m.Health(), ErrInvalidParams)
+
+		e.m.UpdateController("c", ControllerParams{DoFunc: rec.do, Group: NewGroup("ok")})
+		synctest.Wait()
+		require.Equal(t, 1, rec.count(), "an update with a valid name runs")
+		e.m.RemoveAllAndWait()
+		_, err := e.reg.Gather() // a pedantic registry: every label is checked
+		require.NoError(t, err)
 	})
 }
 
@@ -142,6 +167,11 @@ func FuzzParams(f *testing.F) {
 			if named := err != nil && strings.Contains(err.Error(), fmt.Sprintf("%s must not be negative, got %v", name, field.Interface())); named != negative {
 				t.Fatalf("Validate() = %v: names %s (%v): %v, want %v", err, name, field.Interface(), named, negative)
 			}
+		}
+		badGroup := !utf8.ValidString(p.Group.Name)
+		valid = valid && !badGroup
+		if named := err != nil && strings.Contains(err.Error(), "Group.Name must be valid UTF-8"); named != badGroup {
+			t.Fatalf("Validate() = %v for the group %q", err, p.Group.Name)
 		}
 		if named := err != nil && strings.Contains(err.Error(), "DoFunc must not be nil"); named != in.NoDoFunc {
 			t.Fatalf("Validate() = %v without a DoFunc: %v", err, in.NoDoFunc)
