@@ -49,9 +49,11 @@ var ErrRunStuck = errors.New("run stuck")
 
 // Health returns nil when none of the Manager's controllers is failing or
 // stuck, else one error per failing and per stuck controller, sorted by
-// name and joined with [errors.Join]. A failing one's names its
-// consecutive failures and wraps its last error; a stuck one's wraps
-// [ErrRunStuck] and says how long DoFunc has run, and the limit:
+// name and joined with [errors.Join]: one line each, the lines of a
+// multi-line error joined with "; " as [FormatStatus] joins them. A
+// failing one's names its consecutive failures and wraps its last error; a
+// stuck one's wraps [ErrRunStuck] and says how long DoFunc has run, and
+// the limit:
 //
 //	controller "sync-to-k8s": 4 consecutive failures: connection refused
 //	controller "watch": run stuck: DoFunc has run for 1h0m0s, over its RunTimeout of 30s
@@ -77,11 +79,17 @@ func healthOf(cs []*Controller, now time.Time) error {
 	var us []unhealthy
 	for _, c := range cs {
 		c.mu.Lock()
-		failing, n, last := c.failingLocked(), c.consecutiveFailures, c.lastErr
+		failing, n, last, msg := c.failingLocked(), c.consecutiveFailures, c.lastErr, c.lastErrMsg
 		stuck, ran, limit, what := c.stuckLocked(now.UnixNano())
 		c.mu.Unlock()
 		if failing {
-			us = append(us, unhealthy{c, fmt.Errorf("controller %q: %d consecutive failures: %w", c.name, n, last)})
+			// The message recorded with the error, on one line: a
+			// multi-line one (an errors.Join) would break /healthz's line
+			// per controller.
+			us = append(us, unhealthy{c, &healthError{
+				msg: fmt.Sprintf("controller %q: %s: %s", c.name, count(n, "consecutive failure"), oneLine(msg)),
+				err: last,
+			}})
 		}
 		if stuck {
 			us = append(us, unhealthy{c, fmt.Errorf("controller %q: %w: DoFunc has run for %s, over %s of %s", c.name, ErrRunStuck, ran.Round(time.Millisecond), what, limit)})
@@ -96,4 +104,24 @@ func healthOf(cs []*Controller, now time.Time) error {
 		errs[i] = u.err
 	}
 	return errors.Join(errs...)
+}
+
+// healthError is Health's error for a failing controller: a message on one
+// line, wrapping the controller's last error.
+type healthError struct {
+	msg string
+	err error
+}
+
+func (e *healthError) Error() string { return e.msg }
+
+func (e *healthError) Unwrap() error { return e.err }
+
+// count returns n and noun, plural unless n is 1: "1 consecutive
+// failure", "3 consecutive failures".
+func count[N int | int64](n N, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

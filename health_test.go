@@ -3,12 +3,17 @@
 package controller
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -84,4 +89,43 @@ func tableNames(text string) []string {
 		}
 	}
 	return names
+}
+
+// Health has one line per controller, whatever its error: the lines of a
+// multi-line error (an errors.Join) are joined with "; ", as FormatStatus
+// joins them, and the error is still wrapped. One failure reads "1
+// consecutive failure", in Health and in the log.
+func TestHealthOneLinePerController(t *testing.T) {
+	forEachSink(t, func(t *testing.T, sink string) {
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnvOn(t, sink)
+			first, second := errors.New("first"), errors.New("second\n\twith detail")
+			var joinedRuns atomic.Int32
+			e.m.UpdateController("joined", ControllerParams{DoFunc: func(context.Context) error {
+				if joinedRuns.Add(1) > 1 {
+					return nil
+				}
+				return errors.Join(first, second)
+			}})
+			e.m.UpdateController("once", ControllerParams{DoFunc: func(context.Context) error { return errBoom }, MaxRetries: 1})
+			synctest.Wait()
+
+			want := "controller \"joined\": 1 consecutive failure: first; second;  with detail\n" +
+				"controller \"once\": 1 consecutive failure: boom\n"
+			resp := serve(HealthHandler(e.m), http.MethodGet, "/healthz", "")
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			assert.Equal(t, want, body(t, resp))
+			err := e.m.Health()
+			assert.Equal(t, want, err.Error()+"\n")
+			assert.ErrorIs(t, err, second, "the error is still wrapped")
+
+			time.Sleep(time.Second) // joined's retry succeeds
+			synctest.Wait()
+			assert.Equal(t, []string{
+				"giving up retrying after 1 failure; next run on an update, a trigger or the RunInterval",
+				"recovered after 1 consecutive failure",
+			}, e.logs(logrus.InfoLevel))
+			e.m.RemoveAllAndWait()
+		})
+	})
 }
