@@ -159,11 +159,7 @@ func formatStopping(w io.Writer, stopping ControllerStatuses, now time.Time) err
 	tw := newTable(w)
 	fmt.Fprintln(tw, "Name\tRemoved\tWaiting for\tMessage")
 	for _, s := range stopping {
-		msg := oneLine(s.Status.LastFailureMsg)
-		if msg == "" {
-			msg = "no error"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), msg)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), s.Status.message())
 	}
 	return tw.Flush()
 }
@@ -239,7 +235,7 @@ func newPage(global bool, installed, stopping ControllerStatuses, failingOnly bo
 func newRow(s *ControllerStatus, now time.Time) row {
 	st := s.Status
 	r := row{Name: s.Name, UUID: s.UUID, LastSuccess: ago(now, st.LastSuccessTimestamp), LastError: ago(now, st.LastFailureTimestamp),
-		Failures: st.ConsecutiveFailureCount, Message: st.LastFailureMsg}
+		Failures: st.ConsecutiveFailureCount, Message: st.markedMessage()}
 	if st.RunningSince != nil {
 		r.Running = since(now, *st.RunningSince)
 	}
