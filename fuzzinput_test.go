@@ -204,6 +204,8 @@ func TestFuzzInputRoundTrip(t *testing.T) {
 		Nested: inner{T: time.Unix(-62167219201, 999999999).UTC()}}
 	got := decodeFuzz(encodeFuzz(in), new(input))
 	require.Equal(t, in, *got)
+	kept := decodeFuzz(encodeFuzz(in), &input{unexported: 7})
+	require.Equal(t, 7, kept.unexported, "an unexported field is neither encoded nor decoded")
 
 	require.Equal(t, input{}, *decodeFuzz(nil, new(input)), "no data: zero fields")
 	short := encodeFuzz(in)[:3] // Flag, then the start of N
