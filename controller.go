@@ -58,14 +58,16 @@ type Controller struct {
 	// the loop once it has seen the removal (which orders the two).
 	cohort *stopCohort
 
-	// mu guards every field below. Exceptions: rctx has a lock of its
-	// own; newController and FakeManager call …Locked methods without mu
-	// on a controller no other goroutine can see yet.
+	// mu guards every field below. Exceptions: runCtxLazy has a lock of
+	// its own; newController and FakeManager call …Locked methods without
+	// mu on a controller no other goroutine can see yet.
 	mu sync.Mutex
 
 	// timer wakes the loop from a timed wait (stTimed): made by the loop
 	// on its first timed wait, reset by the loop to arm it and by
-	// wakeLocked to fire it at once.
+	// wakeLocked to fire it at once, and replaced by the loop after such a
+	// wake-up under GODEBUG=asynctimerchan=1 (armTimerLocked). The loop
+	// reads it without mu to wait on it: only the loop writes it.
 	timer *time.Timer
 
 	// params are the newest valid parameters: what runs, what StopFunc
@@ -80,15 +82,19 @@ type Controller struct {
 	// update superseded.
 	unreported *invalidParams
 
-	// The run context (rule 2): derived from params.Context, replaced
-	// lazily by the loop after it was cancelled for an update or trigger
-	// (then runCtx is nil). It is a *runContext when params.Context is nil
-	// or Background, the first one being rctx; otherwise it comes from
-	// context.WithCancel and runCancel cancels it. Once the loop has
-	// ended, they hold the StopFunc's context instead.
-	runCtx    context.Context
-	runCancel context.CancelFunc
-	rctx      runContext
+	// The run context (rule 2), the context DoFunc gets; every name of
+	// it starts with runCtx (the loop's copy is loop.runCtx). Derived
+	// from params.Context; nil after replaceRunCtxLocked cancelled it for
+	// an update or trigger, until the loop makes the next one before a
+	// run (newRunCtxLocked). When params.Context is nil or Background it
+	// is a *lazyCtx, the first one being runCtxLazy, which is part of the
+	// Controller (runCtxLazyUsed says it has served); otherwise it comes
+	// from context.WithCancel and runCtxCancel cancels it. Once the loop
+	// has ended, runCtx and runCtxCancel hold the StopFunc's context
+	// instead, so that expireStop cancels that one.
+	runCtx       context.Context
+	runCtxCancel context.CancelFunc
+	runCtxLazy   lazyCtx
 	// terminated is made on demand and closed once the loop and the
 	// StopFunc are done (stDone).
 	terminated chan struct{}
@@ -107,7 +113,7 @@ type Controller struct {
 	cancelOnUpdate bool // CancelDoFuncOnUpdate of the running DoFunc's params
 	attached       bool // installed: counted in controllers_failing while failing
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
-	rctxUsed       bool // rctx has served as a run context
+	runCtxLazyUsed bool // runCtxLazy has served as a run context
 	timerPoked     bool // a change reset timer to wake the loop
 	fake           bool // immutable: made by FakeManager, no goroutine
 }
@@ -231,14 +237,6 @@ func (c *Controller) runningSince() int64 {
 	return c.runningSinceLocked()
 }
 
-// failure returns the controller's consecutive failure count and its last
-// error, read together: a consistent answer to "is it failing, and why".
-func (c *Controller) failure() (consecutive int64, last error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.consecutiveFailures, c.lastErr
-}
-
 func unixTime(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}
@@ -262,15 +260,15 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 		Configuration: &ControllerStatusConfiguration{},
 		Status:        &ControllerStatusStatus{},
 	}
-	c.fillStatus(s, s.Configuration, s.Status, c.UUID())
+	c.fillStatus(s, s.Configuration, s.Status, c.UUID(), time.Now().UnixNano())
 	return s
 }
 
-// fillStatus fills a status of c into s, cfg and st, which are zero; uuid
-// is c's UUID, formatted by the caller (a whole list's into one string, for
-// statusesOf). It sets field by field: a composite literal would be built
+// fillStatus fills a status of c at now (Unix nanoseconds) into s, cfg and
+// st, which are zero; uuid is c's UUID, formatted by the caller (a whole
+// list's into one string, for statusesOf). It sets field by field: a composite literal would be built
 // aside and copied in, through write barriers while the GC marks.
-func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
+func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string, now int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
@@ -296,6 +294,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	if start := c.runningSinceLocked(); start != 0 {
 		t := statusTime(start)
 		st.RunningSince = &t
+		st.Stuck, _, _, _ = c.stuckLocked(now)
 	}
 
 	s.Name, s.UUID, s.Configuration, s.Status = c.name, uuid, cfg, st
@@ -351,7 +350,7 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 		c.params, c.invalid = params, nil
 	}
 	if cancelRun {
-		c.cancelRunLocked()
+		c.replaceRunCtxLocked()
 	}
 	return old
 }
@@ -362,7 +361,7 @@ func (c *Controller) trigger() {
 	old := c.state.Or(stTrigger)
 	c.wakeLocked(old)
 	if old&stRunning != 0 && c.cancelOnUpdate {
-		c.cancelRunLocked()
+		c.replaceRunCtxLocked()
 	}
 	c.mu.Unlock()
 }

@@ -19,7 +19,7 @@ import (
 //     depth of DoFunc. TestIdleControllerKeepsTheInitialStack.
 //   - A run without a RunTimeout allocates nothing (with one, it makes a
 //     context and its timer, callTimed): the timer is made once and reset, the run
-//     context is part of the Controller (runContext, which makes a real
+//     context is part of the Controller (runCtxLazy, which makes a real
 //     context only when DoFunc asks for Done), the message of a repeated
 //     error is the same string, and run counts go to the metrics' own
 //     collector. TestRunLoopDoesNotAllocate; a controller's whole life,
@@ -57,8 +57,8 @@ type loop struct {
 	do     ControllerFunc  // DoFunc of the params the next run uses
 	health HealthReporter  // and their HealthReporter, told its outcome
 	group  *groupHandles   // and the metrics of their group, which count it
-	ctx    context.Context // its run context
-	parent context.Context // params.Context, or Background
+	runCtx context.Context // and the run context it gets (Controller.runCtx)
+	parent context.Context // params.Context, or Background: runCtx's parent
 	// timeout is the RunTimeout of the params the next run uses.
 	timeout time.Duration
 	step    int  // failures since the last success or update
@@ -167,7 +167,7 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 			err, stack = panicError(r), debug.Stack()
 		}
 	}()
-	return l.do(l.ctx), nil
+	return l.do(l.runCtx), nil
 }
 
 // callTimed runs DoFunc with a context that ends after RunTimeout. The
@@ -177,7 +177,7 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 //
 //go:noinline
 func callTimed(l *loop) (error, []byte) {
-	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
+	ctx, cancel := context.WithTimeout(l.runCtx, l.timeout)
 	defer cancel()
 	return call(l.do, ctx)
 }
@@ -238,7 +238,7 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 			c.cancelRunCtxLocked()
 		}
 	}
-	l.do, l.health, l.group, l.ctx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
+	l.do, l.health, l.group, l.runCtx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
 	l.timeout = c.params.RunTimeout
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
 	// The run's start, read once: the loop times the run from it too.
@@ -308,21 +308,22 @@ func (c *Controller) armTimerLocked(wait time.Duration) {
 	switch {
 	case c.timer == nil:
 		c.timer = time.NewTimer(wait)
-	case c.timerPoked:
-		// A wake-up may have fired after the loop stopped waiting. Go's
-		// timers drop it on Reset, unless the program runs with
-		// GODEBUG=asynctimerchan=1: then it must be drained here, or the
-		// next wait would end at once.
-		if !c.timer.Stop() {
-			select {
-			case <-c.timer.C:
-			default:
-			}
-		}
+	case c.timerPoked && cap(c.timer.C) != 0:
+		// A wake-up (wakeLocked) may have fired after the loop stopped
+		// waiting. Go's timers drop its tick on Reset, but not under
+		// GODEBUG=asynctimerchan=1, where the channel is buffered (the
+		// cap tells): there, Stop may report the timer expired while its
+		// tick is still on its way, so no drain can be sure to catch it,
+		// and a tick landing after the drain would end the next wait at
+		// once. The old timer is left to it; the loop waits on a new one.
+		// Only after a wake-up, and only under that setting.
+		// TestTimedRunNotCutShortByAStaleTick.
+		c.timer.Stop()
+		c.timer = time.NewTimer(wait)
 		c.timerPoked = false
-		c.timer.Reset(wait)
 	default:
 		c.timer.Reset(wait)
+		c.timerPoked = false
 	}
 }
 
@@ -353,7 +354,9 @@ func (c *Controller) runStopFunc() {
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(contextOrBackground(c.params.Context)))
 	defer cancel()
-	c.runCtx, c.runCancel = ctx, cancel
+	// From here on the run context's fields hold the StopFunc's context,
+	// so that expireStop cancels it with cancelRunCtxLocked.
+	c.runCtx, c.runCtxCancel = ctx, cancel
 	if c.stopExpired {
 		cancel()
 	}
@@ -378,9 +381,9 @@ func (c *Controller) runStopFunc() {
 	if stack != nil {
 		met.countPanic(group)
 	}
-	c.logStopFailure(err, stack)
+	c.logStopFailure(ctx, err, stack)
 	if health != nil {
-		c.reportHealth(health, err)
+		c.reportHealth(ctx, health, err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // ControllerFunc is the signature of a controller's DoFunc and StopFunc.
@@ -55,9 +56,10 @@ type HealthReporter interface {
 // but DoFunc is a valid choice; the comment on each field says what its zero
 // value means.
 //
-// The wait after a failed run grows linearly with the number of failures
-// in a row, up to MaxRetryInterval: the formula, its defaults and a sample
-// sequence are rule 4 of the package documentation.
+// The wait after a run, and the retry formula that RunInterval,
+// ErrorRetryBaseDuration, MaxRetryInterval, NoErrorRetry, MaxRetries and
+// Jitter feed, are rule 4 of the package documentation, with its defaults
+// and a sample sequence.
 type ControllerParams struct {
 	// Group is the metrics group of the controller. A run counts in the
 	// group of the parameters it started with, so after an update the
@@ -81,12 +83,12 @@ type ControllerParams struct {
 	// update or a trigger.
 	RunInterval time.Duration
 
-	// ErrorRetryBaseDuration is the unit of the linear retry backoff: the
-	// n-th consecutive failure is retried after n × ErrorRetryBaseDuration.
+	// ErrorRetryBaseDuration is the unit of the retry backoff (rule 4).
 	// Zero means 1s.
 	ErrorRetryBaseDuration time.Duration
 
-	// MaxRetryInterval caps the retry wait. Zero: no cap.
+	// MaxRetryInterval caps the retry wait, before the jitter (rule 4).
+	// Zero: no cap.
 	MaxRetryInterval time.Duration
 
 	// NoErrorRetry, when true, schedules no retry after a failure: the
@@ -134,10 +136,11 @@ type ControllerParams struct {
 // returns; check for it with errors.Is.
 var ErrInvalidParams = errors.New("invalid controller parameters")
 
-// Validate reports whether the parameters can run. It rejects a nil DoFunc
-// and a negative RunInterval, ErrorRetryBaseDuration, MaxRetryInterval,
-// Jitter, MaxRetries or RunTimeout. The error names every offending field with its value
-// and wraps [ErrInvalidParams].
+// Validate reports whether the parameters can run. It rejects a nil
+// DoFunc; a negative RunInterval, ErrorRetryBaseDuration,
+// MaxRetryInterval, Jitter, MaxRetries or RunTimeout; and a Group name that
+// is not valid UTF-8, which no Prometheus label can hold. The error names
+// every offending field with its value and wraps [ErrInvalidParams].
 func (p ControllerParams) Validate() error {
 	var errs []error
 	bad := func(field string, value any) {
@@ -163,6 +166,9 @@ func (p ControllerParams) Validate() error {
 	}
 	if p.RunTimeout < 0 {
 		bad("RunTimeout", p.RunTimeout)
+	}
+	if !utf8.ValidString(p.Group.Name) {
+		errs = append(errs, fmt.Errorf("%w: Group.Name must be valid UTF-8 (it is the metrics label group_name), got %q", ErrInvalidParams, p.Group.Name))
 	}
 	return errors.Join(errs...)
 }

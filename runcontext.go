@@ -10,33 +10,47 @@ import (
 	"time"
 )
 
-func (c *Controller) cancelRunLocked() {
-	c.cancelRunCtxLocked()
-	c.runCtx, c.runCancel = nil, nil
-}
+// The run context is cancelled in one of two ways, and which one matters:
+//
+//   - cancelRunCtxLocked cancels it and keeps it: the loop, which still
+//     holds it, sees it cancelled, and so does the next run if there is
+//     one. For a removal (no run follows) and a Shutdown deadline (it
+//     cancels the StopFunc's context, which the same fields hold by then).
+//   - replaceRunCtxLocked cancels it and drops it: the running DoFunc is
+//     cancelled, and the loop makes a fresh run context before the next
+//     run (begin, newRunCtxLocked). For an update or trigger with
+//     CancelDoFuncOnUpdate, and an update that brings a different
+//     params.Context.
 
-// cancelRunCtxLocked cancels the current run context, if any.
+// cancelRunCtxLocked cancels the run context, if any, and keeps it.
 func (c *Controller) cancelRunCtxLocked() {
 	switch {
-	case c.runCancel != nil:
-		c.runCancel()
+	case c.runCtxCancel != nil:
+		c.runCtxCancel()
 	case c.runCtx != nil:
-		c.runCtx.(*runContext).cancel()
+		c.runCtx.(*lazyCtx).cancel()
 	}
+}
+
+// replaceRunCtxLocked cancels the run context, if any, and drops it, so
+// that the next run gets a new one.
+func (c *Controller) replaceRunCtxLocked() {
+	c.cancelRunCtxLocked()
+	c.runCtx, c.runCtxCancel = nil, nil
 }
 
 // newRunCtxLocked makes the run context for a run under parent.
 func (c *Controller) newRunCtxLocked(parent context.Context) {
 	if parent != context.Background() {
-		c.runCtx, c.runCancel = context.WithCancel(parent)
+		c.runCtx, c.runCtxCancel = context.WithCancel(parent)
 		return
 	}
-	rc := &c.rctx
-	if c.rctxUsed {
-		rc = new(runContext) // replaced after CancelDoFuncOnUpdate: rare
+	rc := &c.runCtxLazy
+	if c.runCtxLazyUsed {
+		rc = new(lazyCtx) // replaced after CancelDoFuncOnUpdate: rare
 	}
-	c.rctxUsed = true
-	c.runCtx, c.runCancel = rc, nil
+	c.runCtxLazyUsed = true
+	c.runCtx, c.runCtxCancel = rc, nil
 }
 
 func contextOrBackground(ctx context.Context) context.Context {
@@ -58,7 +72,7 @@ func sameContext(a, b context.Context) (same bool) {
 	return contextOrBackground(a) == contextOrBackground(b)
 }
 
-// runContext is the run context of a controller whose params.Context is
+// lazyCtx is the run context of a controller whose params.Context is
 // nil or Background: a cancellable context that costs no allocation while
 // DoFunc only asks Err. The first call that needs more (Done, Value) makes
 // a context.WithCancel and delegates to it from then on, so children,
@@ -70,7 +84,7 @@ func sameContext(a, b context.Context) (same bool) {
 // mu once it has seen hasInner set. That read is safe because inner is
 // written once, before hasInner is stored (under mu, in innerCtx), and
 // never again: the atomic load that sees hasInner true also sees inner.
-type runContext struct {
+type lazyCtx struct {
 	mu          sync.Mutex
 	cancelled   atomic.Bool        // set under mu; read without it by Err
 	hasInner    atomic.Bool        // set under mu, after inner: Err asks inner, as Done does
@@ -78,7 +92,7 @@ type runContext struct {
 	cancelInner context.CancelFunc // made with inner
 }
 
-func (r *runContext) innerCtx() context.Context {
+func (r *lazyCtx) innerCtx() context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.inner == nil {
@@ -91,7 +105,7 @@ func (r *runContext) innerCtx() context.Context {
 	return r.inner
 }
 
-func (r *runContext) cancel() {
+func (r *lazyCtx) cancel() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cancelled.Store(true)
@@ -101,13 +115,13 @@ func (r *runContext) cancel() {
 }
 
 // Deadline implements [context.Context]: a run context has none.
-func (r *runContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (r *lazyCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 // Done implements [context.Context].
-func (r *runContext) Done() <-chan struct{} { return r.innerCtx().Done() }
+func (r *lazyCtx) Done() <-chan struct{} { return r.innerCtx().Done() }
 
 // Err implements [context.Context].
-func (r *runContext) Err() error {
+func (r *lazyCtx) Err() error {
 	if r.hasInner.Load() {
 		// Done's channel may not be closed yet while cancel runs: Err
 		// must not say cancelled before it is.
@@ -122,7 +136,7 @@ func (r *runContext) Err() error {
 // Value implements [context.Context]. It carries no values of its own; it
 // answers for the context it delegates to once that exists, which is how
 // the context package finds it to attach children and causes.
-func (r *runContext) Value(key any) any {
+func (r *lazyCtx) Value(key any) any {
 	r.mu.Lock()
 	inner := r.inner
 	r.mu.Unlock()
@@ -133,4 +147,4 @@ func (r *runContext) Value(key any) any {
 }
 
 // String names the context in debugging output.
-func (r *runContext) String() string { return "controller.runContext" }
+func (r *lazyCtx) String() string { return "controller.lazyCtx" }

@@ -90,7 +90,7 @@ func TestRunContextWithoutParent(t *testing.T) {
 				_, has := ctx.Deadline()
 				assert.False(t, has)
 				assert.Nil(t, ctx.Value(key{}))
-				assert.Equal(t, "controller.runContext", fmt.Sprint(ctx))
+				assert.Equal(t, "controller.lazyCtx", fmt.Sprint(ctx))
 				require.NoError(t, e.m.RemoveControllerAndWait("c"))
 
 				assert.ErrorIs(t, ctx.Err(), context.Canceled)
@@ -153,7 +153,7 @@ func TestRunContextReplacedAfterCancel(t *testing.T) {
 // Err returns nil" while it is being cancelled: between its flag and the
 // closing of the channel Done returned. The test stops it in that state.
 func TestRunContextErrNotBeforeDone(t *testing.T) {
-	rc := &runContext{}
+	rc := &lazyCtx{}
 	done := rc.Done()
 	rc.cancelled.Store(true) // cancel has set its flag, not yet closed the channel
 	select {
