@@ -203,6 +203,15 @@
 // zero; the status table, Health and the controllers_failing metric all use
 // that rule.
 //
+// # Wrapping every run
+//
+// [WithRunMiddleware] gives a Manager a [RunMiddleware]: a function that
+// wraps the DoFunc of each of its controllers, once per set of parameters
+// and never per run, to trace, time or limit the runs. The module
+// github.com/bgctl/controller/otel is one: a span per run, with the
+// outcome. StopFuncs are not wrapped. Without middleware the run loop is
+// unchanged.
+//
 // # Testing your controllers
 //
 // testing/synctest makes tests of controllers exact and instant: inside a

@@ -42,6 +42,9 @@ type Manager struct {
 	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source (jitterSource has a lock of its own)
 	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
 	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
+	// middleware is what WithRunMiddleware gave, outermost first; nil:
+	// none.
+	middleware []RunMiddleware
 
 	// Atomic: stoppingN counts the controllers removed and not yet
 	// terminated. Incremented under mu by a removal; decremented without
