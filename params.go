@@ -55,9 +55,10 @@ type HealthReporter interface {
 // but DoFunc is a valid choice; the comment on each field says what its zero
 // value means.
 //
-// The wait after a failed run grows linearly with the number of failures
-// in a row, up to MaxRetryInterval: the formula, its defaults and a sample
-// sequence are rule 4 of the package documentation.
+// The wait after a run, and the retry formula that RunInterval,
+// ErrorRetryBaseDuration, MaxRetryInterval, NoErrorRetry, MaxRetries and
+// Jitter feed, are rule 4 of the package documentation, with its defaults
+// and a sample sequence.
 type ControllerParams struct {
 	// Group is the metrics group of the controller. A run counts in the
 	// group of the parameters it started with, so after an update the
@@ -81,12 +82,12 @@ type ControllerParams struct {
 	// update or a trigger.
 	RunInterval time.Duration
 
-	// ErrorRetryBaseDuration is the unit of the linear retry backoff: the
-	// n-th consecutive failure is retried after n × ErrorRetryBaseDuration.
+	// ErrorRetryBaseDuration is the unit of the retry backoff (rule 4).
 	// Zero means 1s.
 	ErrorRetryBaseDuration time.Duration
 
-	// MaxRetryInterval caps the retry wait. Zero: no cap.
+	// MaxRetryInterval caps the retry wait, before the jitter (rule 4).
+	// Zero: no cap.
 	MaxRetryInterval time.Duration
 
 	// NoErrorRetry, when true, schedules no retry after a failure: the

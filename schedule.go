@@ -8,12 +8,9 @@ import (
 	"time"
 )
 
-// The formula computed here is rule 4 of the package documentation:
-//
-//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + random[0, Jitter)
-//
-// e.g. with the defaults, waits of 1s, 2s, 3s, … after the 1st, 2nd, 3rd, …
-// failure in a row.
+// nextWait computes rule 4 of the package documentation (doc.go), where
+// the retry formula, its defaults and a sample sequence are stated; they
+// are not restated here.
 
 // defaultErrorRetryBase is the retry unit when ErrorRetryBaseDuration is 0.
 const defaultErrorRetryBase = time.Second
@@ -50,7 +47,8 @@ func nextWait(o outcome, p *ControllerParams, step int, jitter time.Duration) (t
 	return 0, false
 }
 
-// retryWait is min(step × base, cap), saturating instead of overflowing.
+// retryWait is the retry wait of rule 4 before the jitter, saturating
+// instead of overflowing.
 func retryWait(p *ControllerParams, step int) time.Duration {
 	if step < 1 {
 		step = 1
