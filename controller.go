@@ -87,11 +87,11 @@ type Controller struct {
 	// run (newRunCtxLocked). When params.Context is nil or Background it
 	// is a *lazyCtx, the first one being runCtxLazy, which is part of the
 	// Controller (runCtxLazyUsed says it has served); otherwise it comes
-	// from context.WithCancel and runCtxCancel cancels it. Once the loop
+	// from context.WithCancelCause and runCtxCancel cancels it. Once the loop
 	// has ended, runCtx and runCtxCancel hold the StopFunc's context
 	// instead, so that expireStop cancels that one.
 	runCtx       context.Context
-	runCtxCancel context.CancelFunc
+	runCtxCancel context.CancelCauseFunc
 	runCtxLazy   lazyCtx
 	// terminated is made on demand and closed once the loop and the
 	// StopFunc are done (stDone).
@@ -138,6 +138,8 @@ type invalidParams struct {
 //	           fake controller (Or)
 //	stTimed    the loop, arming the timer with       the loop: begin (And), or
 //	           nothing else pending (Store)           the lock-free claim (CAS)
+//	stClosed   remove, with stRemoved, when the      never
+//	           Manager was shut down (Or)
 //
 // Others only ever add bits, with Or: a Load followed by a Store could undo
 // the claim. Every change a run depends on (new parameters, a trigger, a
@@ -154,6 +156,7 @@ const (
 	stRemoved                    // removed from its Manager
 	stDone                       // the loop and StopFunc are done
 	stTimed                      // the loop waits on timer
+	stClosed                     // removed by Shutdown: the run context's cause (cancelcause.go)
 )
 
 // Name returns the name the controller was installed under.
@@ -355,7 +358,7 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 		c.params, c.invalid = params, nil
 	}
 	if cancelRun {
-		c.replaceRunCtxLocked()
+		c.replaceRunCtxLocked(causeUpdated)
 	}
 	return old
 }
@@ -366,23 +369,28 @@ func (c *Controller) trigger() {
 	old := c.state.Or(stTrigger)
 	c.wakeLocked(old)
 	if old&stRunning != 0 && c.cancelOnUpdate {
-		c.replaceRunCtxLocked()
+		c.replaceRunCtxLocked(causeTriggered)
 	}
 	c.mu.Unlock()
 }
 
 // remove stops the controller: the running DoFunc is cancelled, no other
 // one starts, and the loop goes on to the StopFunc. The caller holds the
-// Manager's lock and has taken c out of the Manager.
-func (c *Controller) remove() {
+// Manager's lock and has taken c out of the Manager; shutDown says the
+// Manager was shut down, which the run context's cause tells.
+func (c *Controller) remove(shutDown bool) {
+	bits, cause := stRemoved, causeRemoved
+	if shutDown {
+		bits, cause = stRemoved|stClosed, causeShutDown
+	}
 	c.mu.Lock()
-	old := c.state.Or(stRemoved)
+	old := c.state.Or(bits)
 	c.wakeLocked(old)
 	if c.attached && c.consecutiveFailures > 0 {
 		c.met.addFailing(-1)
 	}
 	c.attached = false
-	c.cancelRunCtxLocked()
+	c.cancelRunCtxLocked(cause)
 	if c.fake {
 		c.markDoneLocked()
 	}
@@ -393,7 +401,7 @@ func (c *Controller) remove() {
 func (c *Controller) expireStop() {
 	c.mu.Lock()
 	c.stopExpired = true
-	c.cancelRunCtxLocked() // the run context, or the StopFunc's once it runs
+	c.cancelRunCtxLocked(causeStopDeadline) // the run context, or the StopFunc's once it runs
 	c.mu.Unlock()
 }
 

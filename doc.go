@@ -40,6 +40,10 @@
 // when CancelDoFuncOnUpdate is set, or on an update that brings a
 // different Context. Otherwise it is reused from run to run. With a
 // RunTimeout, each run gets a child of it that ends after RunTimeout.
+// Whoever cancels it gives the cause ([context.Cause]):
+// [ErrControllerRemoved], [ErrManagerShutDown], [ErrControllerUpdated],
+// [ErrControllerTriggered] or [ErrRunTimeout]; when the parameters'
+// Context ends, its own cause passes through untouched.
 //
 // Rule 3, what a run's result means:
 //
@@ -130,7 +134,9 @@
 //
 // DoFunc's context is cancelled when the controller is removed, when the
 // parameters' Context ends, when an update brings a different Context, and,
-// with CancelDoFuncOnUpdate, when an update or trigger wants a fresh run.
+// with CancelDoFuncOnUpdate, when an update or trigger wants a fresh run;
+// context.Cause tells which (rule 2), should the DoFunc care, say to
+// release a lock on removal but keep it across an update.
 // Cancellation means "stop, nobody needs the result": DoFunc SHOULD pass
 // the context to whatever it blocks on and return promptly once it is
 // done. Whatever it returns then is not counted as a failure.

@@ -192,7 +192,9 @@ func (m *Manager) metricsOrDefault() *Metrics {
 }
 
 // ErrManagerShutDown is the error logged when an install is refused
-// because [Manager.Shutdown] was called; check for it with errors.Is.
+// because [Manager.Shutdown] was called, and the cause ([context.Cause]) of
+// the run contexts Shutdown cancels, and of the StopFunc contexts its
+// deadline cancels; check for it with errors.Is.
 var ErrManagerShutDown = errors.New("manager was shut down")
 
 // ErrControllerNotFound is wrapped by the error of a removal of a name that
@@ -340,7 +342,7 @@ func (m *Manager) stopLocked(c *Controller) {
 		c.cohort.pending.Add(1)
 		m.watchStoppingLocked()
 	}
-	c.remove()
+	c.remove(m.closed)
 }
 
 // unregisterIfEmptyLocked takes m out of the global registry once it has
@@ -432,7 +434,7 @@ func (m *Manager) removeAllLocked() {
 		for _, c := range cs {
 			m.stopping = append(m.stopping, stoppingController{c: c, removed: now})
 			c.cohort = co
-			c.remove()
+			c.remove(m.closed)
 		}
 		if len(cs) > 0 {
 			m.watchStoppingLocked()

@@ -13,7 +13,8 @@ import (
 //
 // The context is cancelled when the controller is removed, and, for DoFunc,
 // when an update or trigger asks for the running call to be cancelled (see
-// [ControllerParams.CancelDoFuncOnUpdate]). A function should return promptly
+// [ControllerParams.CancelDoFuncOnUpdate]); [context.Cause] says why
+// (rule 2 of the package documentation). A function should return promptly
 // once its context is done; whatever it returns then is not counted as a
 // failure.
 type ControllerFunc func(ctx context.Context) error
