@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -324,10 +325,13 @@ func (m *Metrics) group(name string) *groupHandles {
 	if g, ok := m.groups[name]; ok {
 		return g
 	}
-	g := &groupHandles{panics: m.panics.WithLabelValues(name), timeouts: m.timeouts.WithLabelValues(name)}
+	// A name that is not UTF-8 makes the parameters invalid, but they
+	// are installed all the same, and the label library panics on it.
+	label := strings.ToValidUTF8(name, "\uFFFD")
+	g := &groupHandles{panics: m.panics.WithLabelValues(label), timeouts: m.timeouts.WithLabelValues(label)}
 	if m.groupRuns != nil && name != "" {
-		g.success = m.groupRuns.WithLabelValues(name, success)
-		g.failure = m.groupRuns.WithLabelValues(name, failure)
+		g.success = m.groupRuns.WithLabelValues(label, success)
+		g.failure = m.groupRuns.WithLabelValues(label, failure)
 	}
 	if m.groups == nil {
 		m.groups = make(map[string]*groupHandles)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // ControllerFunc is the signature of a controller's DoFunc and StopFunc.
@@ -136,10 +137,11 @@ type ControllerParams struct {
 // returns; check for it with errors.Is.
 var ErrInvalidParams = errors.New("invalid controller parameters")
 
-// Validate reports whether the parameters can run. It rejects a nil DoFunc
-// and a negative RunInterval, ErrorRetryBaseDuration, MaxRetryInterval,
-// Jitter, MaxRetries or RunTimeout. The error names every offending field with its value
-// and wraps [ErrInvalidParams].
+// Validate reports whether the parameters can run. It rejects a nil
+// DoFunc; a negative RunInterval, ErrorRetryBaseDuration,
+// MaxRetryInterval, Jitter, MaxRetries or RunTimeout; and a Group name that
+// is not valid UTF-8, which no Prometheus label can hold. The error names
+// every offending field with its value and wraps [ErrInvalidParams].
 func (p ControllerParams) Validate() error {
 	var errs []error
 	bad := func(field string, value any) {
@@ -165,6 +167,9 @@ func (p ControllerParams) Validate() error {
 	}
 	if p.RunTimeout < 0 {
 		bad("RunTimeout", p.RunTimeout)
+	}
+	if !utf8.ValidString(p.Group.Name) {
+		errs = append(errs, fmt.Errorf("%w: Group.Name must be valid UTF-8 (it is the metrics label group_name), got %q", ErrInvalidParams, p.Group.Name))
 	}
 	return errors.Join(errs...)
 }
