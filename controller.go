@@ -238,14 +238,6 @@ func (c *Controller) runningSince() int64 {
 	return c.runningSinceLocked()
 }
 
-// failure returns the controller's consecutive failure count and its last
-// error, read together: a consistent answer to "is it failing, and why".
-func (c *Controller) failure() (consecutive int64, last error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.consecutiveFailures, c.lastErr
-}
-
 func unixTime(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}
@@ -269,15 +261,15 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 		Configuration: &ControllerStatusConfiguration{},
 		Status:        &ControllerStatusStatus{},
 	}
-	c.fillStatus(s, s.Configuration, s.Status, c.UUID())
+	c.fillStatus(s, s.Configuration, s.Status, c.UUID(), time.Now().UnixNano())
 	return s
 }
 
-// fillStatus fills a status of c into s, cfg and st, which are zero; uuid
-// is c's UUID, formatted by the caller (a whole list's into one string, for
-// statusesOf). It sets field by field: a composite literal would be built
+// fillStatus fills a status of c at now (Unix nanoseconds) into s, cfg and
+// st, which are zero; uuid is c's UUID, formatted by the caller (a whole
+// list's into one string, for statusesOf). It sets field by field: a composite literal would be built
 // aside and copied in, through write barriers while the GC marks.
-func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
+func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string, now int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
@@ -303,6 +295,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	if start := c.runningSinceLocked(); start != 0 {
 		t := statusTime(start)
 		st.RunningSince = &t
+		st.Stuck, _, _, _ = c.stuckLocked(now)
 	}
 
 	s.Name, s.UUID, s.Configuration, s.Status = c.name, uuid, cfg, st

@@ -199,15 +199,28 @@
 //
 // [Manager.GetStatusModel] and [GetGlobalStatus] return statuses whose JSON
 // is Cilium's REST model; [FormatStatus] prints them as a table;
-// [Manager.Health] names the failing controllers; [Metrics] exports
-// Prometheus metrics, registered where the program chooses. Logs go to
-// logrus, or to log/slog with [WithSlog]: a Warn at the start of a failure
-// streak and when its error changes, an Info on recovery and on giving up
-// after MaxRetries, an Error for panics and invalid parameters, never one
-// line per failed run.
-// A controller is failing while its consecutive failure count is above
-// zero; the status table, Health and the controllers_failing metric all use
-// that rule.
+// [Manager.Health] names the controllers that are not healthy; [Metrics]
+// exports Prometheus metrics, registered where the program chooses. Logs
+// go to logrus, or to log/slog with [WithSlog]: a Warn at the start of a
+// failure streak and when its error changes, an Info on recovery and on
+// giving up after MaxRetries, an Error for panics and invalid parameters,
+// never one line per failed run.
+//
+// Healthy has one meaning, stated here. A controller is healthy unless it
+// is failing or stuck:
+//
+//   - failing: its consecutive failure count is above zero (a failed run,
+//     a failed StopFunc or invalid parameters since the last success);
+//   - stuck: its running DoFunc has run longer than its RunTimeout, or,
+//     without one, than the Manager's [WithStuckAfter] threshold (off by
+//     default).
+//
+// Every output counts by that rule: [FormatStatus]'s "healthy" line and
+// its all=false table, [StatusHandler] in every format and with failing=1
+// (the status's "stuck" field says which runs are stuck), [Manager.Health],
+// [HealthHandler], and the controllers_unhealthy metric. The
+// controllers_failing metric counts the failing ones alone, as Cilium's
+// does.
 //
 // # Wrapping every run
 //

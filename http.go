@@ -33,9 +33,10 @@ import (
 //     summary, then one row per controller, stuck and failing ones first
 //     and marked, then the stopping ones.
 //
-// With failing=1, json and html list only failing and stuck controllers
-// (the stopping ones are always listed), and text is FormatStatus with
-// all=false. An unknown format is a 400.
+// With failing=1, every format lists only the controllers that are not
+// healthy, failing or stuck (text is FormatStatus with all=false), and the
+// stopping ones. Every format counts healthy as the package documentation
+// defines it, as [Manager.Health] does. An unknown format is a 400.
 func StatusHandler(m *Manager) http.Handler {
 	return &statusHandler{m: m}
 }
@@ -77,7 +78,7 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	failingOnly, _ := strconv.ParseBool(r.URL.Query().Get("failing"))
 	cs, ss := collect(h.m)
 	now := time.Now()
-	installed, stopping := statusesOf(cs, formatUUIDs(cs)), stoppingStatuses(ss)
+	installed, stopping := statusesOf(cs, formatUUIDs(cs), now.UnixNano()), stoppingStatuses(ss, now.UnixNano())
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Add("Vary", "Accept")
 	var err error
@@ -85,8 +86,8 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "json":
 		w.Header().Set("Content-Type", "application/json")
 		out := make(ControllerStatuses, 0, len(installed)+len(stopping))
-		for i, s := range installed {
-			if !failingOnly || s.failing() || cs[i].stuck(now) != nil {
+		for _, s := range installed {
+			if !failingOnly || !s.healthy() {
 				out = append(out, s)
 			}
 		}
@@ -98,7 +99,7 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		err = statusPage.Execute(w, newPage(h.m == nil, cs, installed, stopping, failingOnly, now))
+		err = statusPage.Execute(w, newPage(h.m == nil, installed, stopping, failingOnly, now))
 	}
 	_ = err // the client went away; nothing to tell it
 }
@@ -226,11 +227,11 @@ type row struct {
 	rank                                                          int // 0 stuck, 1 failing, 2 ok: the order of the rows
 }
 
-func newPage(global bool, cs []*Controller, installed, stopping ControllerStatuses, failingOnly bool, now time.Time) *page {
+func newPage(global bool, installed, stopping ControllerStatuses, failingOnly bool, now time.Time) *page {
 	p := &page{Global: global, Total: len(installed), Stopping: len(stopping), FailingOnly: failingOnly, Now: now.UTC().Format(time.RFC3339)}
-	for i, s := range installed {
+	for _, s := range installed {
 		r := newRow(s, now)
-		stuck, failing := cs[i].stuck(now) != nil, s.failing()
+		stuck, failing := s.Status.Stuck, s.failing()
 		switch {
 		case stuck && failing:
 			r.State, r.Class, r.rank = "stuck, failing", "stuck failing", 0
@@ -250,7 +251,7 @@ func newPage(global bool, cs []*Controller, installed, stopping ControllerStatus
 		if failing {
 			p.Failing++
 		}
-		if !failing && !stuck { // as Health counts: a stuck run is not healthy either
+		if s.healthy() {
 			p.Healthy++
 		}
 		if !failingOnly || r.rank < 2 {

@@ -181,17 +181,17 @@ func TestStatusHandlerJSON(t *testing.T) {
 }
 
 // The text is FormatStatus, then the stopping controllers; failing=1 is
-// FormatStatus's all=false. curl's Accept (*/*) and none at all get text.
+// FormatStatus's all=false. A stuck run is marked, and not healthy. curl's Accept (*/*) and none at all get text.
 func TestStatusHandlerText(t *testing.T) {
 	inHandlerScene(t, func(t *testing.T, h http.Handler) {
 		for _, accept := range []string{"", "*/*", "text/plain"} {
 			resp := serve(h, http.MethodGet, "/controllers", accept)
 			assert.Equal(t, "text/plain; charset=utf-8", resp.Header.Get("Content-Type"))
 			assert.Equal(t, strings.Join([]string{
-				"Controller Status: 2/3 healthy",
+				"Controller Status: 1/3 healthy",
 				"Name      Last success   Last error   Count   Message",
 				"failing   never          1s ago       60      connection refused; by <peer> & co",
-				"hung      never          never        0       [running 1m0s] no error",
+				"hung      never          never        0       [stuck, running 1m0s] no error",
 				"ok        1m0s ago       never        0       no error",
 				"",
 				"Stopping: 1 removed controller has not terminated",
@@ -200,7 +200,7 @@ func TestStatusHandlerText(t *testing.T) {
 				""}, "\n"), body(t, resp), "Accept %q", accept)
 		}
 		resp := serve(h, http.MethodGet, "/controllers?format=text&failing=true", "text/html")
-		assert.True(t, strings.HasPrefix(body(t, resp), "Controller Status: 2/3 healthy\nName      Last success   Last error   Count   Message\nfailing "))
+		assert.True(t, strings.HasPrefix(body(t, resp), "Controller Status: 1/3 healthy\nName      Last success   Last error   Count   Message\nfailing "))
 	})
 }
 

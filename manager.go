@@ -543,5 +543,5 @@ func (m *Manager) GetStatusModel() ControllerStatuses {
 	}
 	cs, uuids := m.sorted, m.sortedUUIDs
 	m.mu.Unlock()
-	return statusesOf(cs, uuids)
+	return statusesOf(cs, uuids, time.Now().UnixNano())
 }

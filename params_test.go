@@ -199,7 +199,8 @@ func FuzzParams(f *testing.F) {
 				require.Equal(t, 1, c.GetFailureCount())
 				require.EqualError(t, c.GetLastError(), err.Error(), "it parks with Validate's error")
 				require.Equal(t, []string{"degraded fuzzed: " + err.Error()}, h.all())
-				require.ErrorContains(t, e.m.Health(), err.Error())
+				require.ErrorContains(t, e.m.Health(), oneLine(err.Error()))
+				require.ErrorIs(t, e.m.Health(), ErrInvalidParams)
 				require.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))
 			}
 			time.Sleep(window)

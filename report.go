@@ -3,7 +3,6 @@
 package controller
 
 import (
-	"fmt"
 	"runtime/debug"
 	"time"
 )
@@ -65,10 +64,10 @@ func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, ste
 	case ev.msgChanged:
 		c.log(&logLine{level: levelWarn, msg: "controller still failing with a new error", err: err})
 	case ev.recoveredAfter > 0:
-		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("recovered after %d consecutive failures", ev.recoveredAfter)})
+		c.log(&logLine{level: levelInfo, msg: "recovered after " + count(ev.recoveredAfter, "consecutive failure")})
 	}
 	if ev.gaveUp {
-		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("giving up retrying after %d failures; next run on an update, a trigger or the RunInterval", step), err: err})
+		c.log(&logLine{level: levelInfo, msg: "giving up retrying after " + count(step, "failure") + "; next run on an update, a trigger or the RunInterval", err: err})
 	}
 }
 
