@@ -89,7 +89,9 @@ type Controller struct {
 	// Controller (runCtxLazyUsed says it has served); otherwise it comes
 	// from context.WithCancelCause and runCtxCancel cancels it. Once the loop
 	// has ended, runCtx and runCtxCancel hold the StopFunc's context
-	// instead, so that expireStop cancels that one.
+	// instead, so that expireStop cancels that one; and before the loop
+	// starts, runCtx holds the context that carries the goroutine's pprof
+	// labels, which the loop takes (takeLabelsLocked).
 	runCtx       context.Context
 	runCtxCancel context.CancelCauseFunc
 	runCtxLazy   lazyCtx
@@ -113,6 +115,7 @@ type Controller struct {
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
 	runCtxLazyUsed bool // runCtxLazy has served as a run context
 	timerPoked     bool // a change reset timer to wake the loop
+	groupChanged   bool // the group changed since the goroutine's pprof labels were set (labels.go)
 	fake           bool // immutable: made by FakeManager, no goroutine
 }
 
@@ -318,6 +321,7 @@ func newController(m *Manager, name string, params ControllerParams, verr error,
 	}
 	newUUID(&c.uuid)
 	c.setParamsLocked(params, verr, group)
+	c.runCtx, c.groupChanged = labelsContext(name, c.params.Group.Name), false
 	return c
 }
 
@@ -348,6 +352,7 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 		if !sameContext(params.Context, c.params.Context) {
 			cancelRun = true
 		}
+		c.groupChanged = c.groupChanged || params.Group.Name != c.params.Group.Name
 		c.params, c.invalid = params, nil
 	}
 	if cancelRun {

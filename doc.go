@@ -204,7 +204,10 @@
 // go to logrus, or to log/slog with [WithSlog]: a Warn at the start of a
 // failure streak and when its error changes, an Info on recovery and on
 // giving up after MaxRetries, an Error for panics and invalid parameters,
-// never one line per failed run.
+// never one line per failed run. Every controller's goroutine carries the
+// pprof labels controller=<name> and group=<group> ([ControllerLabel]), so
+// a CPU profile and a goroutine dump say which controller each goroutine
+// serves.
 //
 // Healthy has one meaning, stated here. A controller is healthy unless it
 // is failing or stuck:

@@ -47,6 +47,10 @@ import (
 //   - What a run changed (runEvent) reaches report in registers, not
 //     memory: it has four one-word fields. TestRunEventFitsInRegisters;
 //     BenchmarkRunSuccess and BenchmarkRunFailure for the cost.
+//   - The goroutine's pprof labels are made by the installer
+//     (newController) and only set by the goroutine (labelAtStart): their
+//     allocations, made here, would reach deeper than the idle stack
+//     allows. TestIdleControllerKeepsTheInitialStack.
 //   - Run middleware (WithRunMiddleware) is applied once per set of
 //     parameters, in adopt, after an update: a run pays for it only the
 //     middleware's own calls, and without middleware a run through begin
@@ -127,6 +131,7 @@ const (
 // the bookkeeping afterRun's. A timed run whose state did not change is
 // claimed without the lock.
 func (c *Controller) run() {
+	c.labelAtStart()
 	var l loop
 	due := true // rule 1: the first run starts at once
 	for {
@@ -255,10 +260,12 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	l.timeout = c.params.RunTimeout
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
 	var group Group
+	relabel := false
 	if l.stale {
 		// Only an update changes DoFunc, and every update leaves
 		// stUpdate, which made l.stale.
 		l.do, group = c.params.DoFunc, c.params.Group
+		relabel, c.groupChanged = c.groupChanged, false
 	}
 	// The run's start, read once: the loop times the run from it too.
 	start = l.offset()
@@ -266,21 +273,25 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	c.state.Store(stRunning | st&(stRemoved|stClosed))
 	c.mu.Unlock()
 	if l.stale {
-		c.adopt(l, group)
+		c.adopt(l, group, relabel)
 	}
 	return actRun, start
 }
 
 // adopt makes the loop's own what follows from new parameters, once per
 // set of them and outside mu: l.do, just taken from them, wrapped by the
-// Manager's run middleware. group is the parameters' Group.
+// Manager's run middleware, and, when relabel says their group is another,
+// the goroutine's pprof labels. group is the parameters' Group.
 //
 // Out of line: it runs after updates only, and its frame, with the
 // middleware's, must not count in begin's.
 //
 //go:noinline
-func (c *Controller) adopt(l *loop, group Group) {
+func (c *Controller) adopt(l *loop, group Group, relabel bool) {
 	l.stale = false
+	if relabel {
+		c.relabel(group.Name)
+	}
 	if len(c.mgr.middleware) > 0 {
 		l.do = c.wrapDo(l.do, group)
 	}

@@ -26,13 +26,37 @@ import (
 //
 // Both take the cause the context ends with (cancelcause.go).
 
+// Before the loop starts, the run context's field holds the context that
+// carries the goroutine's pprof labels (labels.go): the installer makes
+// it, so that the goroutine does not allocate them below its loop's frame,
+// and the loop takes it as it starts. A removal or update before that
+// finds no run context to cancel or drop: hasRunCtxLocked says so.
+
+// hasRunCtxLocked reports whether runCtx holds a run context (or, once
+// the loop has ended, the StopFunc's), rather than nothing or the labels'.
+func (c *Controller) hasRunCtxLocked() bool {
+	if c.runCtxCancel != nil {
+		return true
+	}
+	_, lazy := c.runCtx.(*lazyCtx)
+	return lazy
+}
+
+// takeLabelsLocked returns the context that carries the goroutine's
+// labels, which newController left in runCtx, and clears runCtx.
+func (c *Controller) takeLabelsLocked() context.Context {
+	labels := c.runCtx
+	c.runCtx = nil
+	return labels
+}
+
 // cancelRunCtxLocked cancels the run context, if any, with cause, and
 // keeps it.
 func (c *Controller) cancelRunCtxLocked(cause cancelCause) {
 	switch {
 	case c.runCtxCancel != nil:
 		c.runCtxCancel(cause.err())
-	case c.runCtx != nil:
+	case c.hasRunCtxLocked():
 		c.runCtx.(*lazyCtx).cancel(cause)
 	}
 }
@@ -40,8 +64,10 @@ func (c *Controller) cancelRunCtxLocked(cause cancelCause) {
 // replaceRunCtxLocked cancels the run context, if any, and drops it, so
 // that the next run gets a new one.
 func (c *Controller) replaceRunCtxLocked(cause cancelCause) {
-	c.cancelRunCtxLocked(cause)
-	c.runCtx, c.runCtxCancel = nil, nil
+	if c.hasRunCtxLocked() {
+		c.cancelRunCtxLocked(cause)
+		c.runCtx, c.runCtxCancel = nil, nil
+	}
 }
 
 // newRunCtxLocked makes the run context for a run under parent.
