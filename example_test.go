@@ -222,7 +222,7 @@ func ExampleFormatStatus() {
 	// Output:
 	// Controller Status: 2/3 healthy
 	// Name            Last success   Last error   Count   Message
-	// annotate        never          never        0       annotation applied
+	// annotate        never          never        0       [exit reason] annotation applied
 	// regenerate      never          never        0       no error
 	// sync-to-store   never          never        3       store unavailable
 	//

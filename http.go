@@ -13,15 +13,16 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
 // StatusHandler returns an [http.Handler] serving the status of m's
 // controllers, or of every Manager's in the process (but [FakeManager]s)
 // when m is nil. It answers GET and HEAD in three formats, chosen by the
-// query parameter format=json|text|html or else by the Accept header (text
-// when neither names one):
+// query parameter format=json|text|html or else by the Accept header, read
+// as RFC 9110 says (wildcards such as application/* and text/*, q-values;
+// text for no header, or for */*); a header that accepts none of the three
+// gets a 406 that lists the types offered:
 //
 //   - json: Cilium's model, the array [Manager.GetStatusModel] returns,
 //     followed by the controllers still stopping
@@ -70,9 +71,14 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !allowRead(w, r) {
 		return
 	}
-	format, ok := negotiate(r)
-	if !ok {
-		http.Error(w, "unknown format: want json, text or html", http.StatusBadRequest)
+	format, status := negotiate(r)
+	switch status {
+	case http.StatusBadRequest:
+		http.Error(w, "unknown format: want json, text or html", status)
+		return
+	case http.StatusNotAcceptable:
+		w.Header().Add("Vary", "Accept")
+		http.Error(w, notAcceptable, status)
 		return
 	}
 	failingOnly, _ := strconv.ParseBool(r.URL.Query().Get("failing"))
@@ -114,45 +120,6 @@ func allowRead(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// negotiate returns the format a request asks for: its format parameter,
-// else the media type of its Accept header with the highest quality
-// (the first of equals), else text. ok is false for an unknown format
-// parameter.
-func negotiate(r *http.Request) (format string, ok bool) {
-	if f := r.URL.Query().Get("format"); f != "" {
-		switch f {
-		case "json", "text", "html":
-			return f, true
-		}
-		return "", false
-	}
-	format, best := "text", 0.0
-	for part := range strings.SplitSeq(r.Header.Get("Accept"), ",") {
-		mediaType, params, _ := strings.Cut(part, ";")
-		q := 1.0
-		for p := range strings.SplitSeq(params, ";") {
-			if k, v, _ := strings.Cut(strings.TrimSpace(p), "="); strings.EqualFold(k, "q") {
-				q, _ = strconv.ParseFloat(v, 64) // a bad q reads as 0: not acceptable
-			}
-		}
-		var f string
-		switch strings.ToLower(strings.TrimSpace(mediaType)) {
-		case "application/json":
-			f = "json"
-		case "text/html", "application/xhtml+xml":
-			f = "html"
-		case "text/plain":
-			f = "text"
-		default:
-			continue
-		}
-		if q > best {
-			format, best = f, q
-		}
-	}
-	return format, true
-}
-
 // collect returns the installed and the stopping controllers of m, or of
 // every registered Manager when m is nil, each sorted.
 func collect(m *Manager) ([]*Controller, []stoppingController) {
@@ -192,11 +159,7 @@ func formatStopping(w io.Writer, stopping ControllerStatuses, now time.Time) err
 	tw := newTable(w)
 	fmt.Fprintln(tw, "Name\tRemoved\tWaiting for\tMessage")
 	for _, s := range stopping {
-		msg := oneLine(s.Status.LastFailureMsg)
-		if msg == "" {
-			msg = "no error"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), msg)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), s.Status.message())
 	}
 	return tw.Flush()
 }
@@ -272,7 +235,7 @@ func newPage(global bool, installed, stopping ControllerStatuses, failingOnly bo
 func newRow(s *ControllerStatus, now time.Time) row {
 	st := s.Status
 	r := row{Name: s.Name, UUID: s.UUID, LastSuccess: ago(now, st.LastSuccessTimestamp), LastError: ago(now, st.LastFailureTimestamp),
-		Failures: st.ConsecutiveFailureCount, Message: st.LastFailureMsg}
+		Failures: st.ConsecutiveFailureCount, Message: st.markedMessage()}
 	if st.RunningSince != nil {
 		r.Running = since(now, *st.RunningSince)
 	}

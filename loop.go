@@ -428,9 +428,9 @@ func (c *Controller) runStopFunc() {
 	if stack != nil {
 		met.countPanic(group)
 	}
-	c.logStopFailure(err, stack)
+	c.logStopFailure(ctx, err, stack)
 	if health != nil {
-		c.reportHealth(health, err)
+		c.reportHealth(ctx, health, err)
 	}
 }
 

@@ -98,7 +98,10 @@ func NewManager(opts ...Option) *Manager {
 }
 
 // WithLogger makes the Manager log to l, with the field subsys=controller
-// added; each controller adds its name and uuid. Default (and for a nil l):
+// added; each controller adds controller.name and controller.uuid (not
+// name and uuid, which a program's own fields may use). An entry about a
+// run has the run's context as its Context, for hooks that read values
+// such as a trace ID from it. Default (and for a nil l):
 // logrus.StandardLogger(). It replaces a logger set by [WithSlog].
 func WithLogger(l logrus.FieldLogger) Option {
 	return func(m *Manager) {
@@ -110,9 +113,18 @@ func WithLogger(l logrus.FieldLogger) Option {
 
 // WithSlog makes the Manager log to l, a log/slog logger, instead of
 // logrus: the same lines at the same levels, with the same attributes
-// (subsys=controller; each controller adds name and uuid; then error,
-// duration, outcome, stack and panic where they apply). A nil l changes
-// nothing. It replaces a logger set by [WithLogger].
+// (subsys=controller; each controller adds a group controller holding its
+// name and uuid, so that a logger made with With("name", …) keeps its own;
+// then error, duration, outcome, stack and panic where they apply). A nil l
+// changes nothing. It replaces a logger set by [WithLogger].
+//
+// The handler gets the run's context with every line about a run (the
+// parameters' Context, or the StopFunc's, for the others), so values such
+// as a trace ID reach it. With AddSource, a line logged inside a call of
+// the program (an install refused after Shutdown) names that call; the
+// lines of a controller's goroutine name no source, since no line of the
+// program logged them: their controller group says which controller it
+// was.
 func WithSlog(l *slog.Logger) Option {
 	return func(m *Manager) {
 		if l != nil {
@@ -232,7 +244,7 @@ func (m *Manager) CreateController(name string, params ControllerParams) bool {
 func (m *Manager) install(name string, params ControllerParams, update bool) (*Controller, bool) {
 	if name == "" {
 		sink := m.newSink()
-		sink.write("", &logLine{level: levelError, msg: "refusing to install a controller without a name", err: errors.New("empty controller name")})
+		sink.write("", &logLine{level: levelError, msg: "refusing to install a controller without a name", err: errors.New("empty controller name"), pc: callerPC()})
 		return nil, false
 	}
 	verr := params.Validate()
@@ -243,7 +255,7 @@ func (m *Manager) install(name string, params ControllerParams, update bool) (*C
 		// Logged under m.mu, so that a Shutdown's installs are refused in
 		// the order they came; a refused install is rare.
 		sink := m.newSink()
-		sink.write(name, &logLine{level: levelWarn, msg: fmt.Sprintf("refusing to install controller %q: the Manager was shut down", name), err: ErrManagerShutDown})
+		sink.write(name, &logLine{level: levelWarn, msg: fmt.Sprintf("refusing to install controller %q: the Manager was shut down", name), err: ErrManagerShutDown, pc: callerPC()})
 		return nil, false
 	}
 	c, exists := m.controllers[name]

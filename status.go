@@ -108,8 +108,11 @@ type ControllerStatusStatus struct {
 	SuccessCount            int64 `json:"success-count"`
 	FailureCount            int64 `json:"failure-count"`
 	ConsecutiveFailureCount int64 `json:"consecutive-failure-count"`
-	// LastFailureMsg is the last error: a failure's message, or the
-	// ExitReason of the last run. Empty after a plain success.
+	// LastFailureMsg is the last error: with a ConsecutiveFailureCount
+	// above 0, the last failure's message, recorded at
+	// LastFailureTimestamp; with 0, the ExitReason the last run ended with,
+	// at LastSuccessTimestamp (an exit counts as a success). Empty after a
+	// plain success.
 	LastFailureMsg       string    `json:"last-failure-msg"`
 	LastFailureTimestamp time.Time `json:"last-failure-timestamp,omitzero"`
 	LastSuccessTimestamp time.Time `json:"last-success-timestamp,omitzero"`
@@ -141,6 +144,27 @@ func (s *ControllerStatus) failing() bool {
 	return s.Status != nil && s.Status.ConsecutiveFailureCount > 0
 }
 
+// message returns the last error as a row shows it: one line, "no error"
+// when there is none, and marked "[exit reason] " when it is the ExitReason
+// of the last run rather than the last failure's message (see
+// LastFailureMsg), so that it is not read beside the last failure's time
+// as that failure's.
+func (st *ControllerStatusStatus) message() string {
+	if st.LastFailureMsg == "" {
+		return "no error"
+	}
+	return oneLine(st.markedMessage())
+}
+
+// markedMessage returns LastFailureMsg, after "[exit reason] " when it is
+// the ExitReason of the last run.
+func (st *ControllerStatusStatus) markedMessage() string {
+	if st.LastFailureMsg != "" && st.ConsecutiveFailureCount == 0 {
+		return "[exit reason] " + st.LastFailureMsg
+	}
+	return st.LastFailureMsg
+}
+
 // healthy reports whether the status is of a healthy controller: neither
 // failing nor stuck (health.go).
 func (s *ControllerStatus) healthy() bool {
@@ -163,8 +187,10 @@ func compareStatus(a, b *ControllerStatus) int {
 //
 // Times read "never" or "<duration rounded to seconds> ago"; Count is the
 // number of consecutive failures; Message is the last error, or "no error",
-// after "[running 1m5s] " while a DoFunc runs, saying for how long, or
-// "[stuck, running 1h0m0s] " once it has run longer than its limit.
+// or "[exit reason] <reason>" when the last run ended with an ExitReason
+// (at the last success's time, not the last error's); after "[running
+// 1m5s] " while a DoFunc runs, saying for how long, or "[stuck, running
+// 1h0m0s] " once it has run longer than its limit.
 // Rows are sorted by name, one per controller: a message or name that
 // spans lines (an [errors.Join] of several errors does) has its lines
 // joined with "; ", and its tabs made spaces. No table is written when it
@@ -199,10 +225,7 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 		if st == nil {
 			st = &ControllerStatusStatus{}
 		}
-		msg := oneLine(st.LastFailureMsg)
-		if msg == "" {
-			msg = "no error"
-		}
+		msg := st.message()
 		switch {
 		case st.RunningSince != nil && st.Stuck:
 			msg = "[stuck, running " + since(now, *st.RunningSince) + "] " + msg

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"net/http"
 	"reflect"
 	"strings"
 	"testing"
@@ -233,7 +234,7 @@ func TestFormatStatus(t *testing.T) {
 			"Controller Status: 2/3 healthy",
 			"Name            Last success   Last error   Count   Message",
 			"alpha-failing   never          10s ago      11      connection refused",
-			"mid-done        1m5s ago       never        0       annotation applied",
+			"mid-done        1m5s ago       never        0       [exit reason] annotation applied",
 			"zeta-ok         1m5s ago       never        0       no error",
 			""}, "\n"), all.String())
 
@@ -342,5 +343,26 @@ func TestHealthReportsAStuckRun(t *testing.T) {
 		assert.NotErrorIs(t, m.Health(), ErrRunStuck)
 		m.RemoveAllAndWait()
 		plain.RemoveAllAndWait()
+	})
+}
+
+// A row whose message is the ExitReason of the last run says so: after a
+// failure (1s ago) and then an exit (2s ago), "Last error" is the
+// failure's time and the message is the exit's, which the row must not
+// pass off as the last error's. Text and HTML show it alike.
+func TestStatusRowTellsExitReasonFromLastError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		r := newRecorder(errBoom, NewExitReason("annotation applied"))
+		e.m.UpdateController("annotate", ControllerParams{DoFunc: r.do})
+		time.Sleep(3 * time.Second)
+		var buf bytes.Buffer
+		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), true))
+		assert.Equal(t, "Controller Status: 1/1 healthy\n"+
+			"Name       Last success   Last error   Count   Message\n"+
+			"annotate   2s ago         3s ago       0       [exit reason] annotation applied\n", buf.String())
+		tables, _ := parsePage(t, body(t, serve(StatusHandler(e.m), http.MethodGet, "/", "text/html")))
+		assert.Equal(t, []string{"[exit reason] annotation applied"}, tables["controllers"].column(6))
+		e.m.RemoveAllAndWait()
 	})
 }

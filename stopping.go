@@ -114,11 +114,13 @@ func (m *Manager) warnSlowStops() {
 // logSlowStop logs that c, removed d ago, has not terminated: its DoFunc
 // still runs, or its StopFunc does.
 func (c *Controller) logSlowStop(d time.Duration) {
-	fn := "StopFunc"
-	if c.runningSince() != 0 {
+	c.mu.Lock()
+	fn, ctx := "StopFunc", c.params.Context
+	if c.runningSinceLocked() != 0 {
 		fn = "DoFunc"
 	}
-	c.log(&logLine{level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
+	c.mu.Unlock()
+	c.log(&logLine{ctx: ctx, level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
 }
 
 // GetStoppingStatus returns the status of every controller removed from
