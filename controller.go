@@ -284,6 +284,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	cfg.Interval = Duration(p.RunInterval)
 	cfg.Group = p.Group.Name
 	cfg.MaxRetryInterval = Duration(p.MaxRetryInterval)
+	cfg.Backoff = p.Backoff
 	cfg.MaxRetries = int64(p.MaxRetries)
 	cfg.Jitter = Duration(p.Jitter)
 	cfg.RunTimeout = Duration(p.RunTimeout)

@@ -1,8 +1,9 @@
 // Package controller runs retrying background controllers: named tasks that
-// call a function until it succeeds, back off linearly between failures,
-// re-run on an interval, and can be updated, triggered and removed while
-// they run. It has the API of Cilium's pkg/controller without Cilium, and
-// without the bugs listed in the README.
+// call a function until it succeeds, back off between failures (linearly,
+// as Cilium's do, exponentially or by a constant), re-run on an interval,
+// and can be updated, triggered and removed while they run. It has the
+// API of Cilium's pkg/controller without Cilium, and without the bugs
+// listed in the README.
 //
 // # When to use it
 //
@@ -76,17 +77,25 @@
 // controller waits for an update or a trigger. After the n-th failure
 // since the last success or update (n = 1, 2, 3, …) it is
 //
-//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + random[0, Jitter)
+//	wait(n) = min(backoff(n), MaxRetryInterval) + random[0, Jitter)
 //
-// where ErrorRetryBaseDuration defaults to 1s, the cap applies only when
-// MaxRetryInterval > 0, and the jitter, when Jitter > 0, comes after the
-// cap (a wait may exceed MaxRetryInterval by less than Jitter). The
-// arithmetic saturates at the largest [time.Duration]. With the defaults a
-// controller that keeps failing runs at
+// where backoff(n) is the parameters' [Backoff] policy, with the unit
+// b = ErrorRetryBaseDuration (1s when 0):
+//
+//	LinearBackoff (the default, Cilium's)  n × ErrorRetryBaseDuration  waits of 1s, 2s, 3s, 4s, …
+//	ExponentialBackoff                     b × 2^(n−1)                 waits of 1s, 2s, 4s, 8s, …
+//	ConstantBackoff                        b                           waits of 1s, 1s, 1s, 1s, …
+//
+// The cap applies only when MaxRetryInterval > 0, and the jitter, when
+// Jitter > 0, comes after the cap (a wait may exceed MaxRetryInterval by
+// less than Jitter). The arithmetic saturates at the largest
+// [time.Duration]. With the defaults a controller that keeps failing runs
+// at
 //
 //	0s, 1s, 3s, 6s, 10s, 15s, …   (waits of 1s, 2s, 3s, 4s, 5s)
 //
-// and with MaxRetryInterval 3s at 0s, 1s, 3s, 6s, 9s, 12s, …. With
+// with MaxRetryInterval 3s at 0s, 1s, 3s, 6s, 9s, 12s, …, and with
+// ExponentialBackoff at 0s, 1s, 3s, 7s, 15s, 31s, …. With
 // NoErrorRetry, or once n has reached MaxRetries > 0, no retry is
 // scheduled: the next run comes after RunInterval (if > 0), or on an
 // update or trigger; never in a busy loop. Jitter is added to every timed

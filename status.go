@@ -101,6 +101,9 @@ type ControllerStatusConfiguration struct {
 	Jitter Duration `json:"jitter,omitzero"`
 	// RunTimeout bounds each run; left out when 0 (no bound).
 	RunTimeout Duration `json:"run-timeout,omitzero"`
+	// Backoff is the retry backoff policy; left out when linear (the
+	// default, and Cilium's), so that the default JSON stays Cilium's.
+	Backoff Backoff `json:"backoff,omitzero"`
 }
 
 // ControllerStatusStatus is the statistics part of a [ControllerStatus].
