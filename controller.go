@@ -65,7 +65,9 @@ type Controller struct {
 
 	// timer wakes the loop from a timed wait (stTimed): made by the loop
 	// on its first timed wait, reset by the loop to arm it and by
-	// wakeLocked to fire it at once.
+	// wakeLocked to fire it at once, and replaced by the loop after such a
+	// wake-up under GODEBUG=asynctimerchan=1 (armTimerLocked). The loop
+	// reads it without mu to wait on it: only the loop writes it.
 	timer *time.Timer
 
 	// params are the newest valid parameters: what runs, what StopFunc

@@ -383,12 +383,13 @@ func captureStderr(t *testing.T) func() string {
 }
 
 // runInChild runs the test named name again in a child process with
-// BGCTL_HOSTILE_CHILD=1 and fails if the child did not pass: the point of
-// such a test is that the process survives.
-func runInChild(t *testing.T, name string) {
+// BGCTL_HOSTILE_CHILD=1, and env, and fails if the child did not pass: the
+// point of such a test is that the process survives, or that it holds
+// under a setting the parent does not run with (a GODEBUG).
+func runInChild(t *testing.T, name string, env ...string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "BGCTL_HOSTILE_CHILD=1")
+	cmd.Env = append(append(os.Environ(), "BGCTL_HOSTILE_CHILD=1"), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child process did not survive:\n%s", out)
 	require.Contains(t, string(out), "--- PASS: "+name, "%s", out)

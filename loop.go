@@ -356,21 +356,22 @@ func (c *Controller) armTimerLocked(wait time.Duration) {
 	switch {
 	case c.timer == nil:
 		c.timer = time.NewTimer(wait)
-	case c.timerPoked:
-		// A wake-up may have fired after the loop stopped waiting. Go's
-		// timers drop it on Reset, unless the program runs with
-		// GODEBUG=asynctimerchan=1: then it must be drained here, or the
-		// next wait would end at once.
-		if !c.timer.Stop() {
-			select {
-			case <-c.timer.C:
-			default:
-			}
-		}
+	case c.timerPoked && cap(c.timer.C) != 0:
+		// A wake-up (wakeLocked) may have fired after the loop stopped
+		// waiting. Go's timers drop its tick on Reset, but not under
+		// GODEBUG=asynctimerchan=1, where the channel is buffered (the
+		// cap tells): there, Stop may report the timer expired while its
+		// tick is still on its way, so no drain can be sure to catch it,
+		// and a tick landing after the drain would end the next wait at
+		// once. The old timer is left to it; the loop waits on a new one.
+		// Only after a wake-up, and only under that setting.
+		// TestTimedRunNotCutShortByAStaleTick.
+		c.timer.Stop()
+		c.timer = time.NewTimer(wait)
 		c.timerPoked = false
-		c.timer.Reset(wait)
 	default:
 		c.timer.Reset(wait)
+		c.timerPoked = false
 	}
 }
 
