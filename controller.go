@@ -145,6 +145,10 @@ type invalidParams struct {
 //	           nothing else pending (Store)           the lock-free claim (CAS)
 //	stClosed   remove, with stRemoved, when the      never
 //	           Manager was shut down (Or)
+//	stHeld     the loop, holding a run an update or  the loop: begin (And)
+//	           trigger asked for until the debounce
+//	           window ends (Store, with their bits;
+//	           it waits on timer)
 //
 // Others only ever add bits, with Or: a Load followed by a Store could undo
 // the claim. Every change a run depends on (new parameters, a trigger, a
@@ -162,6 +166,7 @@ const (
 	stDone                       // the loop and StopFunc are done
 	stTimed                      // the loop waits on timer
 	stClosed                     // removed by Shutdown: the run context's cause (cancelcause.go)
+	stHeld                       // the loop waits on timer for a debounce window to end, a run pending (debounce.go)
 )
 
 // Name returns the name the controller was installed under.
@@ -387,6 +392,9 @@ func (c *Controller) remove(shutDown bool) {
 	c.mu.Lock()
 	old := c.state.Or(bits)
 	c.wakeLocked(old)
+	if old&stHeld != 0 {
+		c.pokeTimerLocked() // the held run is not to be: the removal wins
+	}
 	if c.attached && c.consecutiveFailures > 0 {
 		c.met.addFailing(-1)
 	}
@@ -432,15 +440,24 @@ func (c *Controller) markDoneLocked() {
 
 // wakeLocked wakes the loop after a state change; old is the state before
 // it. A timed wait is woken by firing the timer now, any other wait by the
-// signal channel.
+// signal channel; but for a run held to the end of a debounce window
+// (stHeld), which an update or trigger joins without waking the loop (a
+// removal fires the timer: remove).
 func (c *Controller) wakeLocked(old uint32) {
-	if old&stTimed != 0 {
-		c.timer.Reset(0)
-		c.timerPoked = true
-		return
-	}
-	select {
-	case c.signal <- struct{}{}:
+	switch {
+	case old&stTimed != 0:
+		c.pokeTimerLocked()
+	case old&stHeld != 0:
 	default:
+		select {
+		case c.signal <- struct{}{}:
+		default:
+		}
 	}
+}
+
+// pokeTimerLocked fires the timer the loop waits on now.
+func (c *Controller) pokeTimerLocked() {
+	c.timer.Reset(0)
+	c.timerPoked = true
 }

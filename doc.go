@@ -111,7 +111,11 @@
 // newest parameters. When a removal arrives with them, the removal wins
 // and no further DoFunc starts. With CancelDoFuncOnUpdate, the value in the
 // parameters the running DoFunc started with decides whether an update or
-// trigger cancels it.
+// trigger cancels it. With a Manager's [WithTriggerDebounce] window d, "at
+// once" becomes "at once, or d after the previous run ended if that is
+// later": the run is held, never dropped, and the updates and triggers
+// that come meanwhile coalesce into it; a removal still ends the wait at
+// once, and a timed run due sooner still comes on time.
 //
 // Rule 6, no overlap. At most one DoFunc of a controller runs at a time,
 // and DoFunc never overlaps its StopFunc.

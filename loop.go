@@ -47,6 +47,10 @@ import (
 //   - What a run changed (runEvent) reaches report in registers, not
 //     memory: it has four one-word fields. TestRunEventFitsInRegisters;
 //     BenchmarkRunSuccess and BenchmarkRunFailure for the cost.
+//   - The trigger debounce (WithTriggerDebounce) is decided in holdLocked,
+//     which a run through begin reaches only with the option on, after an
+//     update or trigger; a held run is a state bit (stHeld), not a field.
+//     TestTriggerDebounce; BenchmarkTrigger.
 //   - The goroutine's pprof labels are made by the installer
 //     (newController) and only set by the goroutine (labelAtStart): their
 //     allocations, made here, would reach deeper than the idle stack
@@ -210,9 +214,10 @@ func callTimed(l *loop) (error, []byte) {
 //go:noinline
 func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	c.mu.Lock()
-	// The loop is out of any timed wait: from here on a change must wake
-	// it through the signal channel, also while the lock is dropped below.
-	c.state.And(^stTimed)
+	// The loop is out of any timed wait, and holds no run: from here on a
+	// change must wake it through the signal channel, also while the lock
+	// is dropped below.
+	waited := c.state.And(^(stTimed | stHeld))
 	l.timed = false
 	for inv := c.unreported; inv != nil; inv = c.unreported {
 		// Taken whole: updates that come while the lock is dropped start
@@ -239,7 +244,8 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 		l.step = 0
 		l.stale = true
 	}
-	due = due || updated || st&stTrigger != 0
+	asked := updated || st&stTrigger != 0
+	due = due || asked
 	c.state.Store(st &^ (stUpdate | stTrigger))
 	l.parent = contextOrBackground(c.params.Context)
 	l.ends = l.parent.Done() != nil
@@ -247,6 +253,12 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	// params.Context (the first run happens regardless, rule 1).
 	park := c.invalid != nil || (l.ranDo && l.parent.Err() != nil)
 	if park || !due {
+		c.mu.Unlock()
+		return actWait, 0
+	}
+	// A run an update or trigger asked for waits out the debounce window
+	// (debounce.go), but the first, and one held already.
+	if asked && c.mgr.debounce > 0 && l.ranDo && waited&stHeld == 0 && c.holdLocked(l, st, waited&stTimed != 0) {
 		c.mu.Unlock()
 		return actWait, 0
 	}

@@ -45,6 +45,8 @@ type Manager struct {
 	// middleware is what WithRunMiddleware gave, outermost first; nil:
 	// none.
 	middleware []RunMiddleware
+	// debounce is WithTriggerDebounce's window; 0 (the default): off.
+	debounce time.Duration
 
 	// Atomic: stoppingN counts the controllers removed and not yet
 	// terminated. Incremented under mu by a removal; decremented without
