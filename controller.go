@@ -22,7 +22,7 @@ type Controller struct {
 	// The fields are grouped by how they are guarded. Within that, they
 	// are ordered and sized for an idle controller to cost as little
 	// memory as possible (a process may hold a million of them): the
-	// struct fills its 416-byte size class to the last 2 bytes, which
+	// struct fills its 416-byte size class to the last byte, which
 	// TestControllerStaysInItsSizeClass guards.
 
 	// Immutable after construction.

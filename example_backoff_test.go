@@ -43,7 +43,7 @@ func ExampleBackoff() {
 	err := b.UnmarshalText([]byte("constant"))
 	fmt.Println("from text:", b, err)
 	// Output:
-	// {"error-retry":true,"error-retry-base":"1ms","interval":"0s","max-retry-interval":"1m0s","backoff":"exponential"}
+	// {"error-retry":true,"backoff":"exponential","error-retry-base":"1ms","interval":"0s","max-retry-interval":"1m0s"}
 	// attempts: 4
 	// zero value: linear
 	// from text: constant <nil>

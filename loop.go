@@ -60,7 +60,7 @@ import (
 //     middleware's own calls, and without middleware a run through begin
 //     tests one bool more, a timed run claimed without the lock nothing.
 //     TestRunMiddlewareWrapsOncePerSetOfParameters; BenchmarkTrigger.
-//   - The Controller fills its 416-byte size class to the last 2 bytes.
+//   - The Controller fills its 416-byte size class to the last byte.
 //     TestControllerStaysInItsSizeClass; BenchmarkIdle for the whole
 //     footprint of an idle controller.
 

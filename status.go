@@ -85,6 +85,10 @@ type ControllerStatus struct {
 type ControllerStatusConfiguration struct {
 	// ErrorRetry is !NoErrorRetry.
 	ErrorRetry bool `json:"error-retry"`
+	// Backoff is the retry backoff policy; left out when linear (the
+	// default, and Cilium's), so that the default JSON stays Cilium's.
+	// Beside ErrorRetry, it takes no room of its own in a status.
+	Backoff Backoff `json:"backoff,omitzero"`
 	// ErrorRetryBase is the effective ErrorRetryBaseDuration (1s when the
 	// parameter is 0).
 	ErrorRetryBase Duration `json:"error-retry-base"`
@@ -101,9 +105,6 @@ type ControllerStatusConfiguration struct {
 	Jitter Duration `json:"jitter,omitzero"`
 	// RunTimeout bounds each run; left out when 0 (no bound).
 	RunTimeout Duration `json:"run-timeout,omitzero"`
-	// Backoff is the retry backoff policy; left out when linear (the
-	// default, and Cilium's), so that the default JSON stays Cilium's.
-	Backoff Backoff `json:"backoff,omitzero"`
 }
 
 // ControllerStatusStatus is the statistics part of a [ControllerStatus].
