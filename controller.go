@@ -22,7 +22,7 @@ type Controller struct {
 	// The fields are grouped by how they are guarded. Within that, they
 	// are ordered and sized for an idle controller to cost as little
 	// memory as possible (a process may hold a million of them): the
-	// struct fills its 416-byte size class to the last 2 bytes, which
+	// struct fills its 416-byte size class to the last byte, which
 	// TestControllerStaysInItsSizeClass guards.
 
 	// Immutable after construction.
@@ -89,11 +89,13 @@ type Controller struct {
 	// run (newRunCtxLocked). When params.Context is nil or Background it
 	// is a *lazyCtx, the first one being runCtxLazy, which is part of the
 	// Controller (runCtxLazyUsed says it has served); otherwise it comes
-	// from context.WithCancel and runCtxCancel cancels it. Once the loop
+	// from context.WithCancelCause and runCtxCancel cancels it. Once the loop
 	// has ended, runCtx and runCtxCancel hold the StopFunc's context
-	// instead, so that expireStop cancels that one.
+	// instead, so that expireStop cancels that one; and before the loop
+	// starts, runCtx holds the context that carries the goroutine's pprof
+	// labels, which the loop takes (takeLabelsLocked).
 	runCtx       context.Context
-	runCtxCancel context.CancelFunc
+	runCtxCancel context.CancelCauseFunc
 	runCtxLazy   lazyCtx
 	// terminated is made on demand and closed once the loop and the
 	// StopFunc are done (stDone).
@@ -115,6 +117,7 @@ type Controller struct {
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
 	runCtxLazyUsed bool // runCtxLazy has served as a run context
 	timerPoked     bool // a change reset timer to wake the loop
+	groupChanged   bool // the group changed since the goroutine's pprof labels were set (labels.go)
 	fake           bool // immutable: made by FakeManager, no goroutine
 }
 
@@ -140,6 +143,12 @@ type invalidParams struct {
 //	           fake controller (Or)
 //	stTimed    the loop, arming the timer with       the loop: begin (And), or
 //	           nothing else pending (Store)           the lock-free claim (CAS)
+//	stClosed   remove, with stRemoved, when the      never
+//	           Manager was shut down (Or)
+//	stHeld     the loop, holding a run an update or  the loop: begin (And)
+//	           trigger asked for until the debounce
+//	           window ends (Store, with their bits;
+//	           it waits on timer)
 //
 // Others only ever add bits, with Or: a Load followed by a Store could undo
 // the claim. Every change a run depends on (new parameters, a trigger, a
@@ -156,6 +165,8 @@ const (
 	stRemoved                    // removed from its Manager
 	stDone                       // the loop and StopFunc are done
 	stTimed                      // the loop waits on timer
+	stClosed                     // removed by Shutdown: the run context's cause (cancelcause.go)
+	stHeld                       // the loop waits on timer for a debounce window to end, a run pending (debounce.go)
 )
 
 // Name returns the name the controller was installed under.
@@ -280,6 +291,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	cfg.Interval = Duration(p.RunInterval)
 	cfg.Group = p.Group.Name
 	cfg.MaxRetryInterval = Duration(p.MaxRetryInterval)
+	cfg.Backoff = p.Backoff
 	cfg.MaxRetries = int64(p.MaxRetries)
 	cfg.Jitter = Duration(p.Jitter)
 	cfg.RunTimeout = Duration(p.RunTimeout)
@@ -317,6 +329,7 @@ func newController(m *Manager, name string, params ControllerParams, verr error,
 	}
 	newUUID(&c.uuid)
 	c.setParamsLocked(params, verr, group)
+	c.runCtx, c.groupChanged = labelsContext(name, c.params.Group.Name), false
 	return c
 }
 
@@ -347,10 +360,11 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 		if !sameContext(params.Context, c.params.Context) {
 			cancelRun = true
 		}
+		c.groupChanged = c.groupChanged || params.Group.Name != c.params.Group.Name
 		c.params, c.invalid = params, nil
 	}
 	if cancelRun {
-		c.replaceRunCtxLocked()
+		c.replaceRunCtxLocked(causeUpdated)
 	}
 	return old
 }
@@ -361,23 +375,31 @@ func (c *Controller) trigger() {
 	old := c.state.Or(stTrigger)
 	c.wakeLocked(old)
 	if old&stRunning != 0 && c.cancelOnUpdate {
-		c.replaceRunCtxLocked()
+		c.replaceRunCtxLocked(causeTriggered)
 	}
 	c.mu.Unlock()
 }
 
 // remove stops the controller: the running DoFunc is cancelled, no other
 // one starts, and the loop goes on to the StopFunc. The caller holds the
-// Manager's lock and has taken c out of the Manager.
-func (c *Controller) remove() {
+// Manager's lock and has taken c out of the Manager; shutDown says the
+// Manager was shut down, which the run context's cause tells.
+func (c *Controller) remove(shutDown bool) {
+	bits, cause := stRemoved, causeRemoved
+	if shutDown {
+		bits, cause = stRemoved|stClosed, causeShutDown
+	}
 	c.mu.Lock()
-	old := c.state.Or(stRemoved)
+	old := c.state.Or(bits)
 	c.wakeLocked(old)
+	if old&stHeld != 0 {
+		c.pokeTimerLocked() // the held run is not to be: the removal wins
+	}
 	if c.attached && c.consecutiveFailures > 0 {
 		c.met.addFailing(-1)
 	}
 	c.attached = false
-	c.cancelRunCtxLocked()
+	c.cancelRunCtxLocked(cause)
 	if c.fake {
 		c.markDoneLocked()
 	}
@@ -388,7 +410,7 @@ func (c *Controller) remove() {
 func (c *Controller) expireStop() {
 	c.mu.Lock()
 	c.stopExpired = true
-	c.cancelRunCtxLocked() // the run context, or the StopFunc's once it runs
+	c.cancelRunCtxLocked(causeStopDeadline) // the run context, or the StopFunc's once it runs
 	c.mu.Unlock()
 }
 
@@ -418,15 +440,24 @@ func (c *Controller) markDoneLocked() {
 
 // wakeLocked wakes the loop after a state change; old is the state before
 // it. A timed wait is woken by firing the timer now, any other wait by the
-// signal channel.
+// signal channel; but for a run held to the end of a debounce window
+// (stHeld), which an update or trigger joins without waking the loop (a
+// removal fires the timer: remove).
 func (c *Controller) wakeLocked(old uint32) {
-	if old&stTimed != 0 {
-		c.timer.Reset(0)
-		c.timerPoked = true
-		return
-	}
-	select {
-	case c.signal <- struct{}{}:
+	switch {
+	case old&stTimed != 0:
+		c.pokeTimerLocked()
+	case old&stHeld != 0:
 	default:
+		select {
+		case c.signal <- struct{}{}:
+		default:
+		}
 	}
+}
+
+// pokeTimerLocked fires the timer the loop waits on now.
+func (c *Controller) pokeTimerLocked() {
+	c.timer.Reset(0)
+	c.timerPoked = true
 }

@@ -42,6 +42,11 @@ type Manager struct {
 	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source (jitterSource has a lock of its own)
 	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
 	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
+	// middleware is what WithRunMiddleware gave, outermost first; nil:
+	// none.
+	middleware []RunMiddleware
+	// debounce is WithTriggerDebounce's window; 0 (the default): off.
+	debounce time.Duration
 
 	// Atomic: stoppingN counts the controllers removed and not yet
 	// terminated. Incremented under mu by a removal; decremented without
@@ -201,7 +206,9 @@ func (m *Manager) metricsOrDefault() *Metrics {
 }
 
 // ErrManagerShutDown is the error logged when an install is refused
-// because [Manager.Shutdown] was called; check for it with errors.Is.
+// because [Manager.Shutdown] was called, and the cause ([context.Cause]) of
+// the run contexts Shutdown cancels, and of the StopFunc contexts its
+// deadline cancels; check for it with errors.Is.
 var ErrManagerShutDown = errors.New("manager was shut down")
 
 // ErrControllerNotFound is wrapped by the error of a removal of a name that
@@ -349,7 +356,7 @@ func (m *Manager) stopLocked(c *Controller) {
 		c.cohort.pending.Add(1)
 		m.watchStoppingLocked()
 	}
-	c.remove()
+	c.remove(m.closed)
 }
 
 // unregisterIfEmptyLocked takes m out of the global registry once it has
@@ -441,7 +448,7 @@ func (m *Manager) removeAllLocked() {
 		for _, c := range cs {
 			m.stopping = append(m.stopping, stoppingController{c: c, removed: now})
 			c.cohort = co
-			c.remove()
+			c.remove(m.closed)
 		}
 		if len(cs) > 0 {
 			m.watchStoppingLocked()

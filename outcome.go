@@ -159,7 +159,8 @@ func inspectError(err error, classify bool) (read error, msg string, exit bool) 
 }
 
 // ErrRunTimeout is wrapped by the error recorded for a run that lasted its
-// [ControllerParams.RunTimeout]; check for it with errors.Is.
+// [ControllerParams.RunTimeout], and is the cause ([context.Cause]) of that
+// run's context, which ends then; check for it with errors.Is.
 var ErrRunTimeout = errors.New("run timed out")
 
 // RunTimeoutError is the error recorded for a run that lasted its

@@ -14,7 +14,8 @@ import (
 //
 // The context is cancelled when the controller is removed, and, for DoFunc,
 // when an update or trigger asks for the running call to be cancelled (see
-// [ControllerParams.CancelDoFuncOnUpdate]). A function should return promptly
+// [ControllerParams.CancelDoFuncOnUpdate]); [context.Cause] says why
+// (rule 2 of the package documentation). A function should return promptly
 // once its context is done; whatever it returns then is not counted as a
 // failure.
 type ControllerFunc func(ctx context.Context) error
@@ -57,9 +58,9 @@ type HealthReporter interface {
 // value means.
 //
 // The wait after a run, and the retry formula that RunInterval,
-// ErrorRetryBaseDuration, MaxRetryInterval, NoErrorRetry, MaxRetries and
-// Jitter feed, are rule 4 of the package documentation, with its defaults
-// and a sample sequence.
+// ErrorRetryBaseDuration, MaxRetryInterval, NoErrorRetry, Backoff,
+// MaxRetries and Jitter feed, are rule 4 of the package documentation,
+// with its defaults and sample sequences.
 type ControllerParams struct {
 	// Group is the metrics group of the controller. A run counts in the
 	// group of the parameters it started with, so after an update the
@@ -95,6 +96,11 @@ type ControllerParams struct {
 	// next run comes after RunInterval if that is > 0, else on an update or
 	// trigger. False (the default): failures are retried with backoff.
 	NoErrorRetry bool
+
+	// Backoff is how the retry wait grows with the failures in a row
+	// (rule 4). Zero: [LinearBackoff], Cilium's. It sits here, after a
+	// bool, where it takes no room of its own.
+	Backoff Backoff
 
 	// MaxRetries stops the retries once this many failures happened since
 	// the last success or update; the controller then behaves as with
@@ -138,9 +144,10 @@ var ErrInvalidParams = errors.New("invalid controller parameters")
 
 // Validate reports whether the parameters can run. It rejects a nil
 // DoFunc; a negative RunInterval, ErrorRetryBaseDuration,
-// MaxRetryInterval, Jitter, MaxRetries or RunTimeout; and a Group name that
-// is not valid UTF-8, which no Prometheus label can hold. The error names
-// every offending field with its value and wraps [ErrInvalidParams].
+// MaxRetryInterval, Jitter, MaxRetries or RunTimeout; a Backoff that is
+// none of the policies; and a Group name that is not valid UTF-8, which no
+// Prometheus label can hold. The error names every offending field with
+// its value and wraps [ErrInvalidParams].
 func (p ControllerParams) Validate() error {
 	var errs []error
 	bad := func(field string, value any) {
@@ -166,6 +173,9 @@ func (p ControllerParams) Validate() error {
 	}
 	if p.RunTimeout < 0 {
 		bad("RunTimeout", p.RunTimeout)
+	}
+	if !p.Backoff.valid() {
+		errs = append(errs, fmt.Errorf("%w: Backoff must be LinearBackoff, ExponentialBackoff or ConstantBackoff, got %v", ErrInvalidParams, p.Backoff))
 	}
 	if !utf8.ValidString(p.Group.Name) {
 		errs = append(errs, fmt.Errorf("%w: Group.Name must be valid UTF-8 (it is the metrics label group_name), got %q", ErrInvalidParams, p.Group.Name))

@@ -168,6 +168,11 @@ func FuzzParams(f *testing.F) {
 				t.Fatalf("Validate() = %v: names %s (%v): %v, want %v", err, name, field.Interface(), named, negative)
 			}
 		}
+		badBackoff := p.Backoff > ConstantBackoff
+		valid = valid && !badBackoff
+		if named := err != nil && strings.Contains(err.Error(), fmt.Sprintf("Backoff must be LinearBackoff, ExponentialBackoff or ConstantBackoff, got Backoff(%d)", p.Backoff)); named != badBackoff {
+			t.Fatalf("Validate() = %v for the backoff %v", err, p.Backoff)
+		}
 		badGroup := !utf8.ValidString(p.Group.Name)
 		valid = valid && !badGroup
 		if named := err != nil && strings.Contains(err.Error(), "Group.Name must be valid UTF-8"); named != badGroup {

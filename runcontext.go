@@ -16,33 +16,64 @@ import (
 //     holds it, sees it cancelled, and so does the next run if there is
 //     one. For a removal (no run follows) and a Shutdown deadline (it
 //     cancels the StopFunc's context, which the same fields hold by then).
+//     A removal that comes before the first run cancels it in begin,
+//     once it is made.
 //   - replaceRunCtxLocked cancels it and drops it: the running DoFunc is
 //     cancelled, and the loop makes a fresh run context before the next
 //     run (begin, newRunCtxLocked). For an update or trigger with
 //     CancelDoFuncOnUpdate, and an update that brings a different
 //     params.Context.
+//
+// Both take the cause the context ends with (cancelcause.go).
 
-// cancelRunCtxLocked cancels the run context, if any, and keeps it.
-func (c *Controller) cancelRunCtxLocked() {
+// Before the loop starts, the run context's field holds the context that
+// carries the goroutine's pprof labels (labels.go): the installer makes
+// it, so that the goroutine does not allocate them below its loop's frame,
+// and the loop takes it as it starts. A removal or update before that
+// finds no run context to cancel or drop: hasRunCtxLocked says so.
+
+// hasRunCtxLocked reports whether runCtx holds a run context (or, once
+// the loop has ended, the StopFunc's), rather than nothing or the labels'.
+func (c *Controller) hasRunCtxLocked() bool {
+	if c.runCtxCancel != nil {
+		return true
+	}
+	_, lazy := c.runCtx.(*lazyCtx)
+	return lazy
+}
+
+// takeLabelsLocked returns the context that carries the goroutine's
+// labels, which newController left in runCtx, and clears runCtx.
+func (c *Controller) takeLabelsLocked() context.Context {
+	labels := c.runCtx
+	c.runCtx = nil
+	return labels
+}
+
+// cancelRunCtxLocked cancels the run context, if any, with cause, and
+// keeps it.
+func (c *Controller) cancelRunCtxLocked(cause cancelCause) {
 	switch {
 	case c.runCtxCancel != nil:
-		c.runCtxCancel()
-	case c.runCtx != nil:
-		c.runCtx.(*lazyCtx).cancel()
+		c.runCtxCancel(cause.err())
+	case c.hasRunCtxLocked():
+		c.runCtx.(*lazyCtx).cancel(cause)
 	}
 }
 
 // replaceRunCtxLocked cancels the run context, if any, and drops it, so
 // that the next run gets a new one.
-func (c *Controller) replaceRunCtxLocked() {
-	c.cancelRunCtxLocked()
-	c.runCtx, c.runCtxCancel = nil, nil
+func (c *Controller) replaceRunCtxLocked(cause cancelCause) {
+	if c.hasRunCtxLocked() {
+		c.cancelRunCtxLocked(cause)
+		c.runCtx, c.runCtxCancel = nil, nil
+	}
 }
 
 // newRunCtxLocked makes the run context for a run under parent.
 func (c *Controller) newRunCtxLocked(parent context.Context) {
 	if parent != context.Background() {
-		c.runCtx, c.runCtxCancel = context.WithCancel(parent)
+		c.runCtx, c.runCtxCancel = context.WithCancelCause(parent)
 		return
 	}
 	rc := &c.runCtxLazy
@@ -74,10 +105,10 @@ func sameContext(a, b context.Context) (same bool) {
 
 // lazyCtx is the run context of a controller whose params.Context is
 // nil or Background: a cancellable context that costs no allocation while
-// DoFunc only asks Err. The first call that needs more (Done, Value) makes
-// a context.WithCancel and delegates to it from then on, so children,
-// context.Cause and context.AfterFunc work through the standard machinery,
-// with no goroutine.
+// DoFunc only asks Err. The first call that needs more (Done, or Value
+// once it is cancelled) makes a context.WithCancelCause and delegates to
+// it from then on, so children, context.Cause and context.AfterFunc work
+// through the standard machinery, with no goroutine.
 //
 // Its fields are guarded by mu, with two exceptions for Err, which takes
 // no lock: cancelled and hasInner are atomic, and Err reads inner without
@@ -86,31 +117,33 @@ func sameContext(a, b context.Context) (same bool) {
 // never again: the atomic load that sees hasInner true also sees inner.
 type lazyCtx struct {
 	mu          sync.Mutex
-	cancelled   atomic.Bool        // set under mu; read without it by Err
-	hasInner    atomic.Bool        // set under mu, after inner: Err asks inner, as Done does
-	inner       context.Context    // made on demand, once; see above
-	cancelInner context.CancelFunc // made with inner
+	cancelled   atomic.Uint32           // a cancelCause, set once under mu; read without it by Err and Value
+	hasInner    atomic.Bool             // set under mu, after inner: Err asks inner, as Done does
+	inner       context.Context         // made on demand, once; see above
+	cancelInner context.CancelCauseFunc // made with inner
 }
 
 func (r *lazyCtx) innerCtx() context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.inner == nil {
-		r.inner, r.cancelInner = context.WithCancel(context.Background())
-		if r.cancelled.Load() {
-			r.cancelInner()
+		r.inner, r.cancelInner = context.WithCancelCause(context.Background())
+		if cause := cancelCause(r.cancelled.Load()); cause != notCancelled {
+			r.cancelInner(cause.err())
 		}
 		r.hasInner.Store(true) // after inner: Err reads inner once it sees this
 	}
 	return r.inner
 }
 
-func (r *lazyCtx) cancel() {
+// cancel cancels r with cause, unless it was cancelled already: the
+// first cause stays, as it does for a context.WithCancelCause.
+func (r *lazyCtx) cancel(cause cancelCause) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.cancelled.Store(true)
+	r.cancelled.CompareAndSwap(uint32(notCancelled), uint32(cause))
 	if r.cancelInner != nil {
-		r.cancelInner()
+		r.cancelInner(cancelCause(r.cancelled.Load()).err())
 	}
 }
 
@@ -127,7 +160,7 @@ func (r *lazyCtx) Err() error {
 		// must not say cancelled before it is.
 		return r.inner.Err()
 	}
-	if r.cancelled.Load() {
+	if r.cancelled.Load() != uint32(notCancelled) {
 		return context.Canceled
 	}
 	return nil
@@ -135,13 +168,19 @@ func (r *lazyCtx) Err() error {
 
 // Value implements [context.Context]. It carries no values of its own; it
 // answers for the context it delegates to once that exists, which is how
-// the context package finds it to attach children and causes.
+// the context package finds it to attach children and causes. Once r is
+// cancelled it makes that context if need be: context.Cause asks Value
+// for the cause, and a DoFunc that only asked Err must read the right
+// one.
 func (r *lazyCtx) Value(key any) any {
 	r.mu.Lock()
 	inner := r.inner
 	r.mu.Unlock()
 	if inner == nil {
-		return nil
+		if r.cancelled.Load() == uint32(notCancelled) {
+			return nil
+		}
+		inner = r.innerCtx()
 	}
 	return inner.Value(key)
 }

@@ -53,7 +53,7 @@ func retryWait(p *ControllerParams, step int) time.Duration {
 	if step < 1 {
 		step = 1
 	}
-	w := saturatingMul(p.retryBase(), step)
+	w := p.Backoff.wait(p.retryBase(), step)
 	if p.MaxRetryInterval > 0 && w > p.MaxRetryInterval {
 		w = p.MaxRetryInterval
 	}

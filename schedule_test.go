@@ -53,6 +53,17 @@ func TestNextWait(t *testing.T) {
 		{"huge interval plus jitter saturates", outcomeSuccess, ControllerParams{RunInterval: maxD - 1, Jitter: time.Hour}, 0, time.Minute, want{maxD, true}},
 		{"huge cap keeps the product", outcomeFailure, ControllerParams{ErrorRetryBaseDuration: time.Hour, MaxRetryInterval: maxD}, 3, 0, want{3 * time.Hour, true}},
 		{"negative durations count as zero", outcomeFailure, ControllerParams{ErrorRetryBaseDuration: -1, MaxRetryInterval: -1}, 2, -5, want{2 * time.Second, true}},
+		{"exponential, first failure", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff}, 1, 0, want{time.Second, true}},
+		{"exponential, fourth failure: base × 2^3", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 100 * time.Millisecond}, 4, 0, want{800 * time.Millisecond, true}},
+		{"exponential capped", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: 10 * time.Second}, 5, 0, want{10 * time.Second, true}},
+		{"exponential, capped, then jittered", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: 10 * time.Second, Jitter: time.Second}, 9, 300 * time.Millisecond, want{10300 * time.Millisecond, true}},
+		{"exponential saturates at step 64", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}, 64, 0, want{maxD, true}},
+		{"exponential just below saturating", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}, 63, 0, want{1 << 62, true}},
+		{"exponential with a huge step saturates", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff}, math.MaxInt, 0, want{maxD, true}},
+		{"exponential gives up at MaxRetries", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, MaxRetries: 3}, 3, 0, never},
+		{"constant, any failure", outcomeFailure, ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 3 * time.Second}, 50, 0, want{3 * time.Second, true}},
+		{"constant capped", outcomeFailure, ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 3 * time.Second, MaxRetryInterval: 2 * time.Second}, 1, 0, want{2 * time.Second, true}},
+		{"a policy after success changes nothing", outcomeSuccess, ControllerParams{Backoff: ExponentialBackoff, RunInterval: 5 * time.Second}, 0, 0, want{5 * time.Second, true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,6 +111,17 @@ func FuzzSchedule(f *testing.F) {
 		{Outcome: uint8(outcomeFailure), Step: math.MinInt, Params: ControllerParams{ErrorRetryBaseDuration: 7, MaxRetryInterval: 5, MaxRetries: -1, Jitter: 3}, Jitter: 2},
 		// The largest step saturates.
 		{Outcome: uint8(outcomeFailure), Step: math.MaxInt, Params: ControllerParams{ErrorRetryBaseDuration: 1000}},
+		// Every policy, around where the exponential one saturates.
+		{Outcome: uint8(outcomeFailure), Step: 4, Params: ControllerParams{Backoff: ExponentialBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 34, Params: ControllerParams{Backoff: ExponentialBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 35, Params: ControllerParams{Backoff: ExponentialBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 63, Params: ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}},
+		{Outcome: uint8(outcomeFailure), Step: 64, Params: ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}},
+		{Outcome: uint8(outcomeFailure), Step: math.MaxInt, Params: ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: time.Minute, Jitter: s}, Jitter: 7},
+		{Outcome: uint8(outcomeFailure), Step: 2, Params: ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: maxD/2 + 1}},
+		{Outcome: uint8(outcomeFailure), Step: 9, Params: ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 3 * s, MaxRetryInterval: 2 * s}},
+		{Outcome: uint8(outcomeFailure), Step: math.MaxInt, Params: ControllerParams{Backoff: ConstantBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 5, Params: ControllerParams{Backoff: 200}},
 	} {
 		f.Add(encodeFuzz(seed))
 	}
@@ -170,7 +192,18 @@ func referenceWait(o outcome, p ControllerParams, step int, jitter time.Duration
 	if p.ErrorRetryBaseDuration > 0 {
 		unit = big.NewInt(int64(p.ErrorRetryBaseDuration))
 	}
-	w := new(big.Int).Mul(big.NewInt(int64(max(step, 1))), unit)
+	n := int64(max(step, 1))
+	var w *big.Int
+	switch p.Backoff {
+	case ExponentialBackoff: // unit × 2^(n−1)
+		// Past 2^64, any unit of at least 1ns is past the largest
+		// Duration; the shift stays small enough to compute.
+		w = new(big.Int).Lsh(unit, uint(min(n-1, 64)))
+	case ConstantBackoff: // unit
+		w = new(big.Int).Set(unit)
+	default: // n × unit: linear, and a value that is no policy
+		w = new(big.Int).Mul(big.NewInt(n), unit)
+	}
 	if p.MaxRetryInterval > 0 && w.Cmp(nonNeg(p.MaxRetryInterval)) > 0 {
 		w = nonNeg(p.MaxRetryInterval)
 	}
@@ -342,6 +375,27 @@ func TestSchedule(t *testing.T) {
 		results: []error{errBoom}, wait: 4 * time.Second,
 		poke: "update", atPoke: secs(0, 1, 3), then: 4*time.Second + time.Millisecond,
 		want: secs(0, 1, 3, 4, 5, 7),
+	}, {
+		name:    "ExponentialBackoff doubles the wait: 0s, 1s, 3s, 7s, 15s",
+		p:       ControllerParams{Backoff: ExponentialBackoff},
+		results: []error{errBoom}, wait: 15*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 7, 15),
+	}, {
+		name:    "ExponentialBackoff capped by MaxRetryInterval: waits of 1s, 2s, 4s, 5s, 5s",
+		p:       ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: 5 * time.Second},
+		results: []error{errBoom}, wait: 17*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 7, 12, 17),
+	}, {
+		name:    "an update restarts ExponentialBackoff at the base",
+		p:       ControllerParams{Backoff: ExponentialBackoff},
+		results: []error{errBoom}, wait: 8 * time.Second,
+		poke: "update", atPoke: secs(0, 1, 3, 7), then: 3*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 7, 8, 9, 11),
+	}, {
+		name:    "ConstantBackoff retries every base: 0s, 2s, 4s, 6s",
+		p:       ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 2 * time.Second},
+		results: []error{errBoom}, wait: 6*time.Second + time.Millisecond,
+		want: secs(0, 2, 4, 6),
 	}, {
 		name:    "a trigger while waiting runs at once and keeps the retry step",
 		results: []error{errBoom}, wait: 4 * time.Second,

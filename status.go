@@ -85,6 +85,10 @@ type ControllerStatus struct {
 type ControllerStatusConfiguration struct {
 	// ErrorRetry is !NoErrorRetry.
 	ErrorRetry bool `json:"error-retry"`
+	// Backoff is the retry backoff policy; left out when linear (the
+	// default, and Cilium's), so that the default JSON stays Cilium's.
+	// Beside ErrorRetry, it takes no room of its own in a status.
+	Backoff Backoff `json:"backoff,omitzero"`
 	// ErrorRetryBase is the effective ErrorRetryBaseDuration (1s when the
 	// parameter is 0).
 	ErrorRetryBase Duration `json:"error-retry-base"`

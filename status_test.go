@@ -59,12 +59,13 @@ func TestStatusJSON(t *testing.T) {
 func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 	st := &ControllerStatus{Name: "n", UUID: "u",
 		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
-			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second), RunTimeout: Duration(time.Hour)},
+			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second), RunTimeout: Duration(time.Hour),
+			Backoff: ConstantBackoff},
 		Status: &ControllerStatusStatus{RunningSince: new(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))}}
 	b, err := json.Marshal(st)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"name":"n","uuid":"u","configuration":{"error-retry":false,"error-retry-base":"1s","interval":"0s",
-		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s","run-timeout":"1h0m0s"},
+		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s","run-timeout":"1h0m0s","backoff":"constant"},
 		"status":{"success-count":0,"failure-count":0,"consecutive-failure-count":0,"last-failure-msg":"",
 		"running-since":"2026-11-21T10:00:00Z"}}`, string(b))
 
@@ -97,7 +98,7 @@ func FuzzStatusJSON(f *testing.F) {
 		running, removed := at(1795263999, 1), at(1795264001, 0)
 		return statusInput{Status: ControllerStatus{Name: "sync-to-k8s", UUID: "6f1c0e2a-5b0e-4d8e-9a63-1c2d3e4f5a6b",
 			Configuration: &ControllerStatusConfiguration{ErrorRetry: true, ErrorRetryBase: Duration(time.Second), Interval: Duration(10 * time.Second),
-				Group: "g", MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, RunTimeout: Duration(time.Second)},
+				Group: "g", MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, RunTimeout: Duration(time.Second), Backoff: ExponentialBackoff},
 			Status: &ControllerStatusStatus{SuccessCount: 12, FailureCount: 1, LastFailureMsg: "connection refused",
 				LastFailureTimestamp: at(1795263939, 500), LastSuccessTimestamp: at(1795264000, 0), LastRunDuration: Duration(1500 * time.Millisecond),
 				RunningSince: &running, RemovedTimestamp: &removed}},
