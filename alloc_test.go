@@ -74,7 +74,13 @@ func TestRunLoopDoesNotAllocate(t *testing.T) {
 }
 
 // A controller's whole life (install, one successful run, removal) costs
-// at most 8 allocations, counted over 1,000 controllers.
+// at most 8 allocations, counted over 1,000 controllers: the Controller,
+// its signal channel, the closure of the go statement, the goroutine and
+// the record it waits with (the runtime's two), and the 3 of its pprof
+// labels (labels.go). What the Manager spreads over them (its map
+// growing, the stop cohort a wait makes) and the runtime's background work
+// add a few hundredths per controller, so the bound is on the count
+// rounded to whole allocations: a ninth per controller reads 9.0x.
 func TestControllerLifeAllocations(t *testing.T) {
 	const n = 1000
 	ns := names(n)
@@ -84,5 +90,5 @@ func TestControllerLifeAllocations(t *testing.T) {
 	m.RemoveAllAndWait()
 	perController := float64(mallocs()-before) / n
 	t.Logf("%.2f allocations per controller life", perController)
-	assert.LessOrEqual(t, perController, 8.0)
+	assert.Less(t, perController, 8.5, "more than 8 allocations per controller life")
 }

@@ -66,8 +66,35 @@ func BenchmarkRunSuccessWithRunTimeout(b *testing.B) {
 	})
 }
 
-func benchRuns(b *testing.B, params func(*countdown) ControllerParams) {
+// BenchmarkRunSuccessWithMiddleware is BenchmarkRunSuccess with a run
+// middleware that only calls DoFunc: what WithRunMiddleware costs a run.
+func BenchmarkRunSuccessWithMiddleware(b *testing.B) {
+	passThrough := func(_ RunInfo, do ControllerFunc) ControllerFunc {
+		return func(ctx context.Context) error { return do(ctx) }
+	}
+	benchRuns(b, func(cd *countdown) ControllerParams {
+		return ControllerParams{DoFunc: cd.do, RunInterval: time.Nanosecond, Group: NewGroup("bench")}
+	}, WithRunMiddleware(passThrough))
+}
+
+// BenchmarkRunFailureBackoff is BenchmarkRunFailure under each backoff
+// policy: what a policy other than linear costs a failed run.
+func BenchmarkRunFailureBackoff(b *testing.B) {
+	for _, policy := range []Backoff{LinearBackoff, ExponentialBackoff, ConstantBackoff} {
+		b.Run(policy.String(), func(b *testing.B) {
+			benchRuns(b, func(cd *countdown) ControllerParams {
+				return ControllerParams{DoFunc: cd.fail, ErrorRetryBaseDuration: time.Nanosecond,
+					MaxRetryInterval: time.Nanosecond, Group: NewGroup("bench"), Backoff: policy}
+			})
+		})
+	}
+}
+
+func benchRuns(b *testing.B, params func(*countdown) ControllerParams, opts ...Option) {
 	m := benchManager(b)
+	for _, o := range opts {
+		o(m)
+	}
 	b.ReportAllocs()
 	cd := newCountdown(b.N)
 	b.ResetTimer()
@@ -148,9 +175,21 @@ func BenchmarkRemoveAllAndWait(b *testing.B) {
 
 // BenchmarkTrigger is the latency from TriggerController to DoFunc's entry,
 // over 10k sequential triggers per iteration.
-func BenchmarkTrigger(b *testing.B) {
+func BenchmarkTrigger(b *testing.B) { benchTrigger(b) }
+
+// BenchmarkTriggerWithDebounce is BenchmarkTrigger with a debounce window
+// of a nanosecond, which every trigger outlasts: what deciding whether to
+// hold a run costs a trigger.
+func BenchmarkTriggerWithDebounce(b *testing.B) {
+	benchTrigger(b, WithTriggerDebounce(time.Nanosecond))
+}
+
+func benchTrigger(b *testing.B, opts ...Option) {
 	const n = 10_000
 	m := benchManager(b)
+	for _, o := range opts {
+		o(m)
+	}
 	var sent time.Time
 	lat := make([]time.Duration, 0, n)
 	entered := make(chan struct{})

@@ -22,7 +22,7 @@ type Controller struct {
 	// The fields are grouped by how they are guarded. Within that, they
 	// are ordered and sized for an idle controller to cost as little
 	// memory as possible (a process may hold a million of them): the
-	// struct fills its 416-byte size class to the last 2 bytes, which
+	// struct fills its 416-byte size class to the last byte, which
 	// TestControllerStaysInItsSizeClass guards.
 
 	// Immutable after construction.
@@ -58,14 +58,16 @@ type Controller struct {
 	// the loop once it has seen the removal (which orders the two).
 	cohort *stopCohort
 
-	// mu guards every field below. Exceptions: rctx has a lock of its
-	// own; newController and FakeManager call …Locked methods without mu
-	// on a controller no other goroutine can see yet.
+	// mu guards every field below. Exceptions: runCtxLazy has a lock of
+	// its own; newController and FakeManager call …Locked methods without
+	// mu on a controller no other goroutine can see yet.
 	mu sync.Mutex
 
 	// timer wakes the loop from a timed wait (stTimed): made by the loop
 	// on its first timed wait, reset by the loop to arm it and by
-	// wakeLocked to fire it at once.
+	// wakeLocked to fire it at once, and replaced by the loop after such a
+	// wake-up under GODEBUG=asynctimerchan=1 (armTimerLocked). The loop
+	// reads it without mu to wait on it: only the loop writes it.
 	timer *time.Timer
 
 	// params are the newest valid parameters: what runs, what StopFunc
@@ -80,15 +82,21 @@ type Controller struct {
 	// update superseded.
 	unreported *invalidParams
 
-	// The run context (rule 2): derived from params.Context, replaced
-	// lazily by the loop after it was cancelled for an update or trigger
-	// (then runCtx is nil). It is a *runContext when params.Context is nil
-	// or Background, the first one being rctx; otherwise it comes from
-	// context.WithCancel and runCancel cancels it. Once the loop has
-	// ended, they hold the StopFunc's context instead.
-	runCtx    context.Context
-	runCancel context.CancelFunc
-	rctx      runContext
+	// The run context (rule 2), the context DoFunc gets; every name of
+	// it starts with runCtx (the loop's copy is loop.runCtx). Derived
+	// from params.Context; nil after replaceRunCtxLocked cancelled it for
+	// an update or trigger, until the loop makes the next one before a
+	// run (newRunCtxLocked). When params.Context is nil or Background it
+	// is a *lazyCtx, the first one being runCtxLazy, which is part of the
+	// Controller (runCtxLazyUsed says it has served); otherwise it comes
+	// from context.WithCancelCause and runCtxCancel cancels it. Once the loop
+	// has ended, runCtx and runCtxCancel hold the StopFunc's context
+	// instead, so that expireStop cancels that one; and before the loop
+	// starts, runCtx holds the context that carries the goroutine's pprof
+	// labels, which the loop takes (takeLabelsLocked).
+	runCtx       context.Context
+	runCtxCancel context.CancelCauseFunc
+	runCtxLazy   lazyCtx
 	// terminated is made on demand and closed once the loop and the
 	// StopFunc are done (stDone).
 	terminated chan struct{}
@@ -107,8 +115,9 @@ type Controller struct {
 	cancelOnUpdate bool // CancelDoFuncOnUpdate of the running DoFunc's params
 	attached       bool // installed: counted in controllers_failing while failing
 	stopExpired    bool // a Shutdown deadline passed: StopFunc's context is cancelled
-	rctxUsed       bool // rctx has served as a run context
+	runCtxLazyUsed bool // runCtxLazy has served as a run context
 	timerPoked     bool // a change reset timer to wake the loop
+	groupChanged   bool // the group changed since the goroutine's pprof labels were set (labels.go)
 	fake           bool // immutable: made by FakeManager, no goroutine
 }
 
@@ -134,6 +143,12 @@ type invalidParams struct {
 //	           fake controller (Or)
 //	stTimed    the loop, arming the timer with       the loop: begin (And), or
 //	           nothing else pending (Store)           the lock-free claim (CAS)
+//	stClosed   remove, with stRemoved, when the      never
+//	           Manager was shut down (Or)
+//	stHeld     the loop, holding a run an update or  the loop: begin (And)
+//	           trigger asked for until the debounce
+//	           window ends (Store, with their bits;
+//	           it waits on timer)
 //
 // Others only ever add bits, with Or: a Load followed by a Store could undo
 // the claim. Every change a run depends on (new parameters, a trigger, a
@@ -150,6 +165,8 @@ const (
 	stRemoved                    // removed from its Manager
 	stDone                       // the loop and StopFunc are done
 	stTimed                      // the loop waits on timer
+	stClosed                     // removed by Shutdown: the run context's cause (cancelcause.go)
+	stHeld                       // the loop waits on timer for a debounce window to end, a run pending (debounce.go)
 )
 
 // Name returns the name the controller was installed under.
@@ -231,14 +248,6 @@ func (c *Controller) runningSince() int64 {
 	return c.runningSinceLocked()
 }
 
-// failure returns the controller's consecutive failure count and its last
-// error, read together: a consistent answer to "is it failing, and why".
-func (c *Controller) failure() (consecutive int64, last error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.consecutiveFailures, c.lastErr
-}
-
 func unixTime(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}
@@ -262,15 +271,15 @@ func (c *Controller) GetStatusModel() *ControllerStatus {
 		Configuration: &ControllerStatusConfiguration{},
 		Status:        &ControllerStatusStatus{},
 	}
-	c.fillStatus(s, s.Configuration, s.Status, c.UUID())
+	c.fillStatus(s, s.Configuration, s.Status, c.UUID(), time.Now().UnixNano())
 	return s
 }
 
-// fillStatus fills a status of c into s, cfg and st, which are zero; uuid
-// is c's UUID, formatted by the caller (a whole list's into one string, for
-// statusesOf). It sets field by field: a composite literal would be built
+// fillStatus fills a status of c at now (Unix nanoseconds) into s, cfg and
+// st, which are zero; uuid is c's UUID, formatted by the caller (a whole
+// list's into one string, for statusesOf). It sets field by field: a composite literal would be built
 // aside and copied in, through write barriers while the GC marks.
-func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string) {
+func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfiguration, st *ControllerStatusStatus, uuid string, now int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &c.params
@@ -282,6 +291,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	cfg.Interval = Duration(p.RunInterval)
 	cfg.Group = p.Group.Name
 	cfg.MaxRetryInterval = Duration(p.MaxRetryInterval)
+	cfg.Backoff = p.Backoff
 	cfg.MaxRetries = int64(p.MaxRetries)
 	cfg.Jitter = Duration(p.Jitter)
 	cfg.RunTimeout = Duration(p.RunTimeout)
@@ -296,6 +306,7 @@ func (c *Controller) fillStatus(s *ControllerStatus, cfg *ControllerStatusConfig
 	if start := c.runningSinceLocked(); start != 0 {
 		t := statusTime(start)
 		st.RunningSince = &t
+		st.Stuck, _, _, _ = c.stuckLocked(now)
 	}
 
 	s.Name, s.UUID, s.Configuration, s.Status = c.name, uuid, cfg, st
@@ -318,6 +329,7 @@ func newController(m *Manager, name string, params ControllerParams, verr error,
 	}
 	newUUID(&c.uuid)
 	c.setParamsLocked(params, verr, group)
+	c.runCtx, c.groupChanged = labelsContext(name, c.params.Group.Name), false
 	return c
 }
 
@@ -348,10 +360,11 @@ func (c *Controller) setParamsLocked(params ControllerParams, verr error, group 
 		if !sameContext(params.Context, c.params.Context) {
 			cancelRun = true
 		}
+		c.groupChanged = c.groupChanged || params.Group.Name != c.params.Group.Name
 		c.params, c.invalid = params, nil
 	}
 	if cancelRun {
-		c.cancelRunLocked()
+		c.replaceRunCtxLocked(causeUpdated)
 	}
 	return old
 }
@@ -362,23 +375,31 @@ func (c *Controller) trigger() {
 	old := c.state.Or(stTrigger)
 	c.wakeLocked(old)
 	if old&stRunning != 0 && c.cancelOnUpdate {
-		c.cancelRunLocked()
+		c.replaceRunCtxLocked(causeTriggered)
 	}
 	c.mu.Unlock()
 }
 
 // remove stops the controller: the running DoFunc is cancelled, no other
 // one starts, and the loop goes on to the StopFunc. The caller holds the
-// Manager's lock and has taken c out of the Manager.
-func (c *Controller) remove() {
+// Manager's lock and has taken c out of the Manager; shutDown says the
+// Manager was shut down, which the run context's cause tells.
+func (c *Controller) remove(shutDown bool) {
+	bits, cause := stRemoved, causeRemoved
+	if shutDown {
+		bits, cause = stRemoved|stClosed, causeShutDown
+	}
 	c.mu.Lock()
-	old := c.state.Or(stRemoved)
+	old := c.state.Or(bits)
 	c.wakeLocked(old)
+	if old&stHeld != 0 {
+		c.pokeTimerLocked() // the held run is not to be: the removal wins
+	}
 	if c.attached && c.consecutiveFailures > 0 {
 		c.met.addFailing(-1)
 	}
 	c.attached = false
-	c.cancelRunCtxLocked()
+	c.cancelRunCtxLocked(cause)
 	if c.fake {
 		c.markDoneLocked()
 	}
@@ -389,7 +410,7 @@ func (c *Controller) remove() {
 func (c *Controller) expireStop() {
 	c.mu.Lock()
 	c.stopExpired = true
-	c.cancelRunCtxLocked() // the run context, or the StopFunc's once it runs
+	c.cancelRunCtxLocked(causeStopDeadline) // the run context, or the StopFunc's once it runs
 	c.mu.Unlock()
 }
 
@@ -419,15 +440,24 @@ func (c *Controller) markDoneLocked() {
 
 // wakeLocked wakes the loop after a state change; old is the state before
 // it. A timed wait is woken by firing the timer now, any other wait by the
-// signal channel.
+// signal channel; but for a run held to the end of a debounce window
+// (stHeld), which an update or trigger joins without waking the loop (a
+// removal fires the timer: remove).
 func (c *Controller) wakeLocked(old uint32) {
-	if old&stTimed != 0 {
-		c.timer.Reset(0)
-		c.timerPoked = true
-		return
-	}
-	select {
-	case c.signal <- struct{}{}:
+	switch {
+	case old&stTimed != 0:
+		c.pokeTimerLocked()
+	case old&stHeld != 0:
 	default:
+		select {
+		case c.signal <- struct{}{}:
+		default:
+		}
 	}
+}
+
+// pokeTimerLocked fires the timer the loop waits on now.
+func (c *Controller) pokeTimerLocked() {
+	c.timer.Reset(0)
+	c.timerPoked = true
 }

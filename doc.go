@@ -1,8 +1,9 @@
 // Package controller runs retrying background controllers: named tasks that
-// call a function until it succeeds, back off linearly between failures,
-// re-run on an interval, and can be updated, triggered and removed while
-// they run. It has the API of Cilium's pkg/controller without Cilium, and
-// without the bugs listed in the README.
+// call a function until it succeeds, back off between failures (linearly,
+// as Cilium's do, exponentially or by a constant), re-run on an interval,
+// and can be updated, triggered and removed while they run. It has the
+// API of Cilium's pkg/controller without Cilium, and without the bugs
+// listed in the README.
 //
 // # When to use it
 //
@@ -40,6 +41,10 @@
 // when CancelDoFuncOnUpdate is set, or on an update that brings a
 // different Context. Otherwise it is reused from run to run. With a
 // RunTimeout, each run gets a child of it that ends after RunTimeout.
+// Whoever cancels it gives the cause ([context.Cause]):
+// [ErrControllerRemoved], [ErrManagerShutDown], [ErrControllerUpdated],
+// [ErrControllerTriggered] or [ErrRunTimeout]; when the parameters'
+// Context ends, its own cause passes through untouched.
 //
 // Rule 3, what a run's result means:
 //
@@ -72,17 +77,25 @@
 // controller waits for an update or a trigger. After the n-th failure
 // since the last success or update (n = 1, 2, 3, …) it is
 //
-//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + random[0, Jitter)
+//	wait(n) = min(backoff(n), MaxRetryInterval) + random[0, Jitter)
 //
-// where ErrorRetryBaseDuration defaults to 1s, the cap applies only when
-// MaxRetryInterval > 0, and the jitter, when Jitter > 0, comes after the
-// cap (a wait may exceed MaxRetryInterval by less than Jitter). The
-// arithmetic saturates at the largest [time.Duration]. With the defaults a
-// controller that keeps failing runs at
+// where backoff(n) is the parameters' [Backoff] policy, with the unit
+// b = ErrorRetryBaseDuration (1s when 0):
+//
+//	LinearBackoff (the default, Cilium's)  n × ErrorRetryBaseDuration  waits of 1s, 2s, 3s, 4s, …
+//	ExponentialBackoff                     b × 2^(n−1)                 waits of 1s, 2s, 4s, 8s, …
+//	ConstantBackoff                        b                           waits of 1s, 1s, 1s, 1s, …
+//
+// The cap applies only when MaxRetryInterval > 0, and the jitter, when
+// Jitter > 0, comes after the cap (a wait may exceed MaxRetryInterval by
+// less than Jitter). The arithmetic saturates at the largest
+// [time.Duration]. With the defaults a controller that keeps failing runs
+// at
 //
 //	0s, 1s, 3s, 6s, 10s, 15s, …   (waits of 1s, 2s, 3s, 4s, 5s)
 //
-// and with MaxRetryInterval 3s at 0s, 1s, 3s, 6s, 9s, 12s, …. With
+// with MaxRetryInterval 3s at 0s, 1s, 3s, 6s, 9s, 12s, …, and with
+// ExponentialBackoff at 0s, 1s, 3s, 7s, 15s, 31s, …. With
 // NoErrorRetry, or once n has reached MaxRetries > 0, no retry is
 // scheduled: the next run comes after RunInterval (if > 0), or on an
 // update or trigger; never in a busy loop. Jitter is added to every timed
@@ -98,7 +111,11 @@
 // newest parameters. When a removal arrives with them, the removal wins
 // and no further DoFunc starts. With CancelDoFuncOnUpdate, the value in the
 // parameters the running DoFunc started with decides whether an update or
-// trigger cancels it.
+// trigger cancels it. With a Manager's [WithTriggerDebounce] window d, "at
+// once" becomes "at once, or d after the previous run ended if that is
+// later": the run is held, never dropped, and the updates and triggers
+// that come meanwhile coalesce into it; a removal still ends the wait at
+// once, and a timed run due sooner still comes on time.
 //
 // Rule 6, no overlap. At most one DoFunc of a controller runs at a time,
 // and DoFunc never overlaps its StopFunc.
@@ -130,7 +147,9 @@
 //
 // DoFunc's context is cancelled when the controller is removed, when the
 // parameters' Context ends, when an update brings a different Context, and,
-// with CancelDoFuncOnUpdate, when an update or trigger wants a fresh run.
+// with CancelDoFuncOnUpdate, when an update or trigger wants a fresh run;
+// context.Cause tells which (rule 2), should the DoFunc care, say to
+// release a lock on removal but keep it across an update.
 // Cancellation means "stop, nobody needs the result": DoFunc SHOULD pass
 // the context to whatever it blocks on and return promptly once it is
 // done. Whatever it returns then is not counted as a failure.
@@ -193,15 +212,40 @@
 //
 // [Manager.GetStatusModel] and [GetGlobalStatus] return statuses whose JSON
 // is Cilium's REST model; [FormatStatus] prints them as a table;
-// [Manager.Health] names the failing controllers; [Metrics] exports
-// Prometheus metrics, registered where the program chooses. Logs go to
-// logrus, or to log/slog with [WithSlog]: a Warn at the start of a failure
-// streak and when its error changes, an Info on recovery and on giving up
-// after MaxRetries, an Error for panics and invalid parameters, never one
-// line per failed run.
-// A controller is failing while its consecutive failure count is above
-// zero; the status table, Health and the controllers_failing metric all use
-// that rule.
+// [Manager.Health] names the controllers that are not healthy; [Metrics]
+// exports Prometheus metrics, registered where the program chooses. Logs
+// go to logrus, or to log/slog with [WithSlog]: a Warn at the start of a
+// failure streak and when its error changes, an Info on recovery and on
+// giving up after MaxRetries, an Error for panics and invalid parameters,
+// never one line per failed run. Every controller's goroutine carries the
+// pprof labels controller=<name> and group=<group> ([ControllerLabel]), so
+// a CPU profile and a goroutine dump say which controller each goroutine
+// serves.
+//
+// Healthy has one meaning, stated here. A controller is healthy unless it
+// is failing or stuck:
+//
+//   - failing: its consecutive failure count is above zero (a failed run,
+//     a failed StopFunc or invalid parameters since the last success);
+//   - stuck: its running DoFunc has run longer than its RunTimeout, or,
+//     without one, than the Manager's [WithStuckAfter] threshold (off by
+//     default).
+//
+// Every output counts by that rule: [FormatStatus]'s "healthy" line and
+// its all=false table, [StatusHandler] in every format and with failing=1
+// (the status's "stuck" field says which runs are stuck), [Manager.Health],
+// [HealthHandler], and the controllers_unhealthy metric. The
+// controllers_failing metric counts the failing ones alone, as Cilium's
+// does.
+//
+// # Wrapping every run
+//
+// [WithRunMiddleware] gives a Manager a [RunMiddleware]: a function that
+// wraps the DoFunc of each of its controllers, once per set of parameters
+// and never per run, to trace, time or limit the runs. The module
+// github.com/bgctl/controller/otel is one: a span per run, with the
+// outcome. StopFuncs are not wrapped. Without middleware the run loop is
+// unchanged.
 //
 // # Testing your controllers
 //

@@ -31,6 +31,6 @@ func ExampleStatusHandler() {
 	// controller-0   never          0s ago       1       controller failed
 	// controller-1   never          0s ago       1       controller failed
 	// GET /healthz: 503
-	// controller "controller-0": 1 consecutive failures: controller failed
-	// controller "controller-1": 1 consecutive failures: controller failed
+	// controller "controller-0": 1 consecutive failure: controller failed
+	// controller "controller-1": 1 consecutive failure: controller failed
 }

@@ -222,7 +222,7 @@ func ExampleFormatStatus() {
 	// Output:
 	// Controller Status: 2/3 healthy
 	// Name            Last success   Last error   Count   Message
-	// annotate        never          never        0       annotation applied
+	// annotate        never          never        0       [exit reason] annotation applied
 	// regenerate      never          never        0       no error
 	// sync-to-store   never          never        3       store unavailable
 	//
@@ -258,7 +258,7 @@ func ExampleManager_Health() {
 	fmt.Println(mgr.Health())
 	_ = mgr.RemoveControllerAndWait("sync-to-k8s")
 	// Output:
-	// controller "sync-to-k8s": 1 consecutive failures: connection refused
+	// controller "sync-to-k8s": 1 consecutive failure: connection refused
 	// <nil>
 }
 
@@ -272,8 +272,8 @@ func ExampleFakeManager() {
 	}
 	mgr.RemoveAllAndWait()
 	// Output:
-	// controller "controller-0": 1 consecutive failures: controller failed
-	// controller "controller-1": 1 consecutive failures: controller failed
+	// controller "controller-0": 1 consecutive failure: controller failed
+	// controller "controller-1": 1 consecutive failure: controller failed
 	// controller-0 1 controller failed
 	// controller-1 1 controller failed
 }

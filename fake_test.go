@@ -20,7 +20,7 @@ func TestFakeManager(t *testing.T) {
 	assert.Equal(t, "00000000-0000-4000-8000-000000000001", sts[1].UUID)
 	assert.Equal(t, "controller failed", sts[0].Status.LastFailureMsg)
 	assert.Equal(t, int64(1), sts[1].Status.ConsecutiveFailureCount)
-	assert.ErrorContains(t, m.Health(), `controller "controller-1": 1 consecutive failures: controller failed`)
+	assert.ErrorContains(t, m.Health(), `controller "controller-1": 1 consecutive failure: controller failed`)
 	assert.True(t, m.TriggerController("controller-0"))
 	term := m.TerminationChannel("controller-0")
 	require.NoError(t, m.RemoveController("controller-0"))

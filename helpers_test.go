@@ -80,9 +80,10 @@ func newEnvOn(t *testing.T, sink string, opts ...MetricsOpts) *env {
 }
 
 // recordHandler is a slog.Handler that files each record in a logrus test
-// hook: level, message, and every attribute (those added by WithAttrs
-// included, group names as key prefixes) as a field holding the
-// attribute's value. Enabled follows the level of levels.
+// hook: level, message, context, and every attribute (those added by
+// WithAttrs included, group names as key prefixes: controller.name) as a
+// field holding the attribute's value. Enabled follows the level of
+// levels.
 type recordHandler struct {
 	hook   *test.Hook
 	levels *logrus.Logger
@@ -101,25 +102,41 @@ func (h *recordHandler) Enabled(_ context.Context, level slog.Level) bool {
 	return h.levels.IsLevelEnabled(slogToLogrus[level])
 }
 
-func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+func (h *recordHandler) Handle(ctx context.Context, r slog.Record) error {
 	data := logrus.Fields{}
 	for _, a := range h.attrs {
 		data[a.Key] = a.Value.Any()
 	}
 	r.Attrs(func(a slog.Attr) bool {
-		data[h.prefix+a.Key] = a.Value.Any()
+		flattenAttr(data, h.prefix, a)
 		return true
 	})
-	return h.hook.Fire(&logrus.Entry{Level: slogToLogrus[r.Level], Message: r.Message, Data: data, Time: r.Time})
+	return h.hook.Fire(&logrus.Entry{Level: slogToLogrus[r.Level], Message: r.Message, Data: data, Time: r.Time, Context: ctx})
 }
 
 func (h *recordHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	c := *h
 	c.attrs = slices.Clone(h.attrs)
+	data := logrus.Fields{}
 	for _, a := range attrs {
-		c.attrs = append(c.attrs, slog.Attr{Key: h.prefix + a.Key, Value: a.Value})
+		flattenAttr(data, h.prefix, a)
+	}
+	for k, v := range data {
+		c.attrs = append(c.attrs, slog.Any(k, v))
 	}
 	return &c
+}
+
+// flattenAttr files a in data under prefix+its key, and the attributes of
+// a group under the group's key and a dot, as a text handler writes them.
+func flattenAttr(data logrus.Fields, prefix string, a slog.Attr) {
+	if a.Value.Kind() == slog.KindGroup {
+		for _, ga := range a.Value.Group() {
+			flattenAttr(data, prefix+a.Key+".", ga)
+		}
+		return
+	}
+	data[prefix+a.Key] = a.Value.Any()
 }
 
 func (h *recordHandler) WithGroup(name string) slog.Handler {
@@ -366,12 +383,13 @@ func captureStderr(t *testing.T) func() string {
 }
 
 // runInChild runs the test named name again in a child process with
-// BGCTL_HOSTILE_CHILD=1 and fails if the child did not pass: the point of
-// such a test is that the process survives.
-func runInChild(t *testing.T, name string) {
+// BGCTL_HOSTILE_CHILD=1, and env, and fails if the child did not pass: the
+// point of such a test is that the process survives, or that it holds
+// under a setting the parent does not run with (a GODEBUG).
+func runInChild(t *testing.T, name string, env ...string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "BGCTL_HOSTILE_CHILD=1")
+	cmd.Env = append(append(os.Environ(), "BGCTL_HOSTILE_CHILD=1"), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child process did not survive:\n%s", out)
 	require.Contains(t, string(out), "--- PASS: "+name, "%s", out)

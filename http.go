@@ -13,15 +13,16 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
 // StatusHandler returns an [http.Handler] serving the status of m's
 // controllers, or of every Manager's in the process (but [FakeManager]s)
 // when m is nil. It answers GET and HEAD in three formats, chosen by the
-// query parameter format=json|text|html or else by the Accept header (text
-// when neither names one):
+// query parameter format=json|text|html or else by the Accept header, read
+// as RFC 9110 says (wildcards such as application/* and text/*, q-values;
+// text for no header, or for */*); a header that accepts none of the three
+// gets a 406 that lists the types offered:
 //
 //   - json: Cilium's model, the array [Manager.GetStatusModel] returns,
 //     followed by the controllers still stopping
@@ -33,9 +34,10 @@ import (
 //     summary, then one row per controller, stuck and failing ones first
 //     and marked, then the stopping ones.
 //
-// With failing=1, json and html list only failing and stuck controllers
-// (the stopping ones are always listed), and text is FormatStatus with
-// all=false. An unknown format is a 400.
+// With failing=1, every format lists only the controllers that are not
+// healthy, failing or stuck (text is FormatStatus with all=false), and the
+// stopping ones. Every format counts healthy as the package documentation
+// defines it, as [Manager.Health] does. An unknown format is a 400.
 func StatusHandler(m *Manager) http.Handler {
 	return &statusHandler{m: m}
 }
@@ -66,18 +68,14 @@ type statusHandler struct {
 }
 
 func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !allowRead(w, r) {
-		return
-	}
-	format, ok := negotiate(r)
+	format, ok := NegotiateFormat(w, r)
 	if !ok {
-		http.Error(w, "unknown format: want json, text or html", http.StatusBadRequest)
 		return
 	}
 	failingOnly, _ := strconv.ParseBool(r.URL.Query().Get("failing"))
 	cs, ss := collect(h.m)
 	now := time.Now()
-	installed, stopping := statusesOf(cs, formatUUIDs(cs)), stoppingStatuses(ss)
+	installed, stopping := statusesOf(cs, formatUUIDs(cs), now.UnixNano()), stoppingStatuses(ss, now.UnixNano())
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Add("Vary", "Accept")
 	var err error
@@ -85,8 +83,8 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "json":
 		w.Header().Set("Content-Type", "application/json")
 		out := make(ControllerStatuses, 0, len(installed)+len(stopping))
-		for i, s := range installed {
-			if !failingOnly || s.failing() || cs[i].stuck(now) != nil {
+		for _, s := range installed {
+			if !failingOnly || !s.healthy() {
 				out = append(out, s)
 			}
 		}
@@ -98,7 +96,7 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	default:
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		err = statusPage.Execute(w, newPage(h.m == nil, cs, installed, stopping, failingOnly, now))
+		err = statusPage.Execute(w, newPage(h.m == nil, installed, stopping, failingOnly, now))
 	}
 	_ = err // the client went away; nothing to tell it
 }
@@ -111,45 +109,6 @@ func allowRead(w http.ResponseWriter, r *http.Request) bool {
 	w.Header().Set("Allow", "GET, HEAD")
 	http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 	return false
-}
-
-// negotiate returns the format a request asks for: its format parameter,
-// else the media type of its Accept header with the highest quality
-// (the first of equals), else text. ok is false for an unknown format
-// parameter.
-func negotiate(r *http.Request) (format string, ok bool) {
-	if f := r.URL.Query().Get("format"); f != "" {
-		switch f {
-		case "json", "text", "html":
-			return f, true
-		}
-		return "", false
-	}
-	format, best := "text", 0.0
-	for part := range strings.SplitSeq(r.Header.Get("Accept"), ",") {
-		mediaType, params, _ := strings.Cut(part, ";")
-		q := 1.0
-		for p := range strings.SplitSeq(params, ";") {
-			if k, v, _ := strings.Cut(strings.TrimSpace(p), "="); strings.EqualFold(k, "q") {
-				q, _ = strconv.ParseFloat(v, 64) // a bad q reads as 0: not acceptable
-			}
-		}
-		var f string
-		switch strings.ToLower(strings.TrimSpace(mediaType)) {
-		case "application/json":
-			f = "json"
-		case "text/html", "application/xhtml+xml":
-			f = "html"
-		case "text/plain":
-			f = "text"
-		default:
-			continue
-		}
-		if q > best {
-			format, best = f, q
-		}
-	}
-	return format, true
 }
 
 // collect returns the installed and the stopping controllers of m, or of
@@ -191,11 +150,7 @@ func formatStopping(w io.Writer, stopping ControllerStatuses, now time.Time) err
 	tw := newTable(w)
 	fmt.Fprintln(tw, "Name\tRemoved\tWaiting for\tMessage")
 	for _, s := range stopping {
-		msg := oneLine(s.Status.LastFailureMsg)
-		if msg == "" {
-			msg = "no error"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), msg)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(s.Name), ago(now, *s.Status.RemovedTimestamp), waitingFor(s.Status, now), s.Status.message())
 	}
 	return tw.Flush()
 }
@@ -226,11 +181,11 @@ type row struct {
 	rank                                                          int // 0 stuck, 1 failing, 2 ok: the order of the rows
 }
 
-func newPage(global bool, cs []*Controller, installed, stopping ControllerStatuses, failingOnly bool, now time.Time) *page {
+func newPage(global bool, installed, stopping ControllerStatuses, failingOnly bool, now time.Time) *page {
 	p := &page{Global: global, Total: len(installed), Stopping: len(stopping), FailingOnly: failingOnly, Now: now.UTC().Format(time.RFC3339)}
-	for i, s := range installed {
+	for _, s := range installed {
 		r := newRow(s, now)
-		stuck, failing := cs[i].stuck(now) != nil, s.failing()
+		stuck, failing := s.Status.Stuck, s.failing()
 		switch {
 		case stuck && failing:
 			r.State, r.Class, r.rank = "stuck, failing", "stuck failing", 0
@@ -250,7 +205,7 @@ func newPage(global bool, cs []*Controller, installed, stopping ControllerStatus
 		if failing {
 			p.Failing++
 		}
-		if !failing && !stuck { // as Health counts: a stuck run is not healthy either
+		if s.healthy() {
 			p.Healthy++
 		}
 		if !failingOnly || r.rank < 2 {
@@ -271,7 +226,7 @@ func newPage(global bool, cs []*Controller, installed, stopping ControllerStatus
 func newRow(s *ControllerStatus, now time.Time) row {
 	st := s.Status
 	r := row{Name: s.Name, UUID: s.UUID, LastSuccess: ago(now, st.LastSuccessTimestamp), LastError: ago(now, st.LastFailureTimestamp),
-		Failures: st.ConsecutiveFailureCount, Message: st.LastFailureMsg}
+		Failures: st.ConsecutiveFailureCount, Message: st.markedMessage()}
 	if st.RunningSince != nil {
 		r.Running = since(now, *st.RunningSince)
 	}

@@ -181,17 +181,17 @@ func TestStatusHandlerJSON(t *testing.T) {
 }
 
 // The text is FormatStatus, then the stopping controllers; failing=1 is
-// FormatStatus's all=false. curl's Accept (*/*) and none at all get text.
+// FormatStatus's all=false. A stuck run is marked, and not healthy. curl's Accept (*/*) and none at all get text.
 func TestStatusHandlerText(t *testing.T) {
 	inHandlerScene(t, func(t *testing.T, h http.Handler) {
 		for _, accept := range []string{"", "*/*", "text/plain"} {
 			resp := serve(h, http.MethodGet, "/controllers", accept)
 			assert.Equal(t, "text/plain; charset=utf-8", resp.Header.Get("Content-Type"))
 			assert.Equal(t, strings.Join([]string{
-				"Controller Status: 2/3 healthy",
+				"Controller Status: 1/3 healthy",
 				"Name      Last success   Last error   Count   Message",
 				"failing   never          1s ago       60      connection refused; by <peer> & co",
-				"hung      never          never        0       [running 1m0s] no error",
+				"hung      never          never        0       [stuck, running 1m0s] no error",
 				"ok        1m0s ago       never        0       no error",
 				"",
 				"Stopping: 1 removed controller has not terminated",
@@ -200,7 +200,7 @@ func TestStatusHandlerText(t *testing.T) {
 				""}, "\n"), body(t, resp), "Accept %q", accept)
 		}
 		resp := serve(h, http.MethodGet, "/controllers?format=text&failing=true", "text/html")
-		assert.True(t, strings.HasPrefix(body(t, resp), "Controller Status: 2/3 healthy\nName      Last success   Last error   Count   Message\nfailing "))
+		assert.True(t, strings.HasPrefix(body(t, resp), "Controller Status: 1/3 healthy\nName      Last success   Last error   Count   Message\nfailing "))
 	})
 }
 
@@ -254,27 +254,49 @@ func TestStatusHandlerRefuses(t *testing.T) {
 	assert.Equal(t, http.StatusOK, serve(h, http.MethodHead, "/", "").StatusCode)
 }
 
-// The Accept header picks the format of the highest quality, the first of
-// equals; a zero or unreadable quality is not acceptable; text by default.
+// The Accept header picks the offered type of the highest quality, as
+// RFC 9110 reads it: a range's most specific match decides a type's
+// quality (text/html over text/* over */*), a zero or unreadable quality
+// is not acceptable, and of equals the one the client names first wins,
+// then the handler's order (text, JSON, HTML). No header, or */*, gets
+// text; a header that accepts none of them gets 406 and the list of types
+// offered.
 func TestNegotiate(t *testing.T) {
+	h := StatusHandler(FakeManager(1))
 	for _, tc := range []struct{ accept, want string }{
-		{"", "text"},
-		{"*/*", "text"},
-		{"image/png", "text"},
-		{"application/json", "json"},
-		{"text/html, application/json", "html"},
-		{"text/html;q=0.2, application/json;q=0.9", "json"},
-		{"application/json;q=0, text/plain;q=0.1", "text"},
-		{"application/json;q=x, text/html;q=0.1", "html"},
-		{"application/xhtml+xml", "html"},
-		{"TEXT/PLAIN; Q=1", "text"},
+		{"", "text/plain"},
+		{"*/*", "text/plain"},
+		{"application/json", "application/json"},
+		{"text/html, application/json", "text/html"},
+		{"text/html;q=0.2, application/json;q=0.9", "application/json"},
+		{"application/json;q=0, text/plain;q=0.1", "text/plain"},
+		{"application/json;q=x, text/html;q=0.1", "text/html"},
+		{"application/xhtml+xml", "text/html"},
+		{"TEXT/PLAIN; Q=1", "text/plain"},
+		{"application/*", "application/json"},
+		{"text/*", "text/plain"},
+		{"text/*;q=0.5, text/html", "text/html"},
+		{"text/*, text/plain;q=0", "text/html"},
+		{"*/*;q=0.1, application/json;q=0", "text/plain"},
+		{"image/png, */*;q=0.01", "text/plain"},
+		{"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", "text/html"},
+		{"image/png", "406"},
+		{"application/*;q=0, text/*;q=0", "406"},
+		{"application/xml", "406"},
 	} {
-		req := httptest.NewRequest(http.MethodGet, "/", nil)
-		req.Header.Set("Accept", tc.accept)
-		got, ok := negotiate(req)
-		assert.True(t, ok)
-		assert.Equal(t, tc.want, got, "Accept %q", tc.accept)
+		resp := serve(h, http.MethodGet, "/", tc.accept)
+		if tc.want == "406" {
+			assert.Equal(t, http.StatusNotAcceptable, resp.StatusCode, "Accept %q", tc.accept)
+			assert.Equal(t, "not acceptable: the status is offered as text/plain, application/json, text/html or application/xhtml+xml (or ask with ?format=text|json|html)\n",
+				body(t, resp), "Accept %q", tc.accept)
+			continue
+		}
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "Accept %q", tc.accept)
+		mediaType, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+		assert.Equal(t, tc.want, mediaType, "Accept %q", tc.accept)
 	}
+	resp := serve(h, http.MethodGet, "/?format=json", "image/png")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the format parameter wins over the header")
 }
 
 // The health handler: 200 "ok", or 503 and the text of Health, for one

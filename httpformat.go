@@ -10,7 +10,8 @@ import "net/http"
 // "json", "text" or "html", from the query parameter format=json|text|html,
 // else from the Accept header (text when neither names one). When r
 // cannot be served so, for a method other than GET and HEAD (405) or an
-// unknown format (400), it answers r itself, as StatusHandler would, and
+// unknown format (400), or an Accept header that accepts none of the three
+// (406, listing the types offered), it answers r itself, as StatusHandler would, and
 // returns ok false. A handler that varies by Accept should say so:
 //
 //	format, ok := controller.NegotiateFormat(w, r)
@@ -25,8 +26,15 @@ func NegotiateFormat(w http.ResponseWriter, r *http.Request) (format string, ok 
 	if !allowRead(w, r) {
 		return "", false
 	}
-	if format, ok = negotiate(r); !ok {
-		http.Error(w, "unknown format: want json, text or html", http.StatusBadRequest)
+	format, status := negotiate(r)
+	switch status {
+	case http.StatusBadRequest:
+		http.Error(w, "unknown format: want json, text or html", status)
+		return "", false
+	case http.StatusNotAcceptable:
+		w.Header().Add("Vary", "Accept")
+		http.Error(w, notAcceptable, status)
+		return "", false
 	}
-	return format, ok
+	return format, true
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -32,6 +33,15 @@ var (
 // fields under the same keys for both sinks: error, duration, outcome,
 // stack, panic. Zero fields are left out.
 type logLine struct {
+	// ctx is what the slog handler gets, and the logrus entry's Context:
+	// the run's context for the lines about a run, the StopFunc's for a
+	// StopFunc, else the parameters' Context. Nil: Background.
+	ctx context.Context
+	// pc is the source of the line for slog's AddSource: the program's
+	// call into the library, for a line logged inside that call (a refused
+	// install); 0, no source, for the lines of a controller's goroutine,
+	// which no line of the program logs.
+	pc       uintptr
 	level    logLevel
 	msg      string
 	err      error
@@ -45,7 +55,11 @@ type logLine struct {
 
 // A logSink is where a Manager's or a controller's lines go: to logrus
 // when slog is nil, else to slog. Both carry subsys=controller, and a
-// controller's its name and uuid as well.
+// controller's its name and UUID as well: on logrus under the keys
+// controller.name and controller.uuid, on slog in the group controller (so
+// that controller.name in a text handler's output too). Plain name and
+// uuid keys would collide with a program's own, as in a logger made with
+// With("name", …).
 type logSink struct {
 	entry *logrus.Entry
 	slog  *slog.Logger
@@ -63,23 +77,27 @@ func (s *logSink) enabled(level logLevel) bool {
 	return s.entry.Logger.IsLevelEnabled(logrusLevels[level])
 }
 
-// forController returns a sink that adds the name and uuid of a
+// forController returns a sink that adds the name and UUID of a
 // controller to every line.
 func (s *logSink) forController(name, uuid string) *logSink {
 	if s.slog != nil {
-		return &logSink{slog: s.slog.With("name", name, "uuid", uuid)}
+		return &logSink{slog: s.slog.With(slog.Group("controller", "name", name, "uuid", uuid))}
 	}
-	return &logSink{entry: s.entry.WithFields(logrus.Fields{"name": name, "uuid": uuid})}
+	return &logSink{entry: s.entry.WithFields(logrus.Fields{"controller.name": name, "controller.uuid": uuid})}
 }
 
 // write writes line. A handler, hook or formatter that panics is
 // recovered (see recoverLog); name names the controller in that report.
 func (s *logSink) write(name string, line *logLine) {
 	defer recoverLog(name)
-	if !s.enabled(line.level) {
-		return
+	ctx := line.ctx
+	if ctx == nil {
+		ctx = context.Background()
 	}
 	if s.slog != nil {
+		if !s.slog.Enabled(ctx, slogLevels[line.level]) {
+			return
+		}
 		attrs := make([]slog.Attr, 0, 4)
 		if line.err != nil {
 			attrs = append(attrs, slog.Any("error", line.err))
@@ -96,7 +114,14 @@ func (s *logSink) write(name string, line *logLine) {
 		if line.stack != nil {
 			attrs = append(attrs, slog.String("stack", string(line.stack)))
 		}
-		s.slog.LogAttrs(context.Background(), slogLevels[line.level], line.msg, attrs...)
+		// A record of our own rather than Logger.LogAttrs, which would
+		// take this line as its source.
+		r := slog.NewRecord(time.Now(), slogLevels[line.level], line.msg, line.pc)
+		r.AddAttrs(attrs...)
+		_ = s.slog.Handler().Handle(ctx, r) // as Logger does, an error of the handler's is its own
+		return
+	}
+	if !s.entry.Logger.IsLevelEnabled(logrusLevels[line.level]) {
 		return
 	}
 	fields := make(logrus.Fields, 4)
@@ -115,7 +140,16 @@ func (s *logSink) write(name string, line *logLine) {
 	if line.stack != nil {
 		fields["stack"] = string(line.stack)
 	}
-	s.entry.WithFields(fields).Log(logrusLevels[line.level], line.msg)
+	s.entry.WithContext(ctx).WithFields(fields).Log(logrusLevels[line.level], line.msg)
+}
+
+// callerPC returns the program counter of the call into the library that
+// called the function calling callerPC (UpdateController's caller, for
+// install), as the source of a line logged inside it.
+func callerPC() uintptr {
+	var pcs [1]uintptr
+	runtime.Callers(4, pcs[:]) // runtime.Callers, callerPC, install, UpdateController
+	return pcs[0]
 }
 
 // recoverLog, deferred around writing a line, keeps a panicking logrus hook

@@ -19,7 +19,7 @@ import (
 //     depth of DoFunc. TestIdleControllerKeepsTheInitialStack.
 //   - A run without a RunTimeout allocates nothing (with one, it makes a
 //     context and its timer, callTimed): the timer is made once and reset, the run
-//     context is part of the Controller (runContext, which makes a real
+//     context is part of the Controller (runCtxLazy, which makes a real
 //     context only when DoFunc asks for Done), the message of a repeated
 //     error is the same string, and run counts go to the metrics' own
 //     collector. TestRunLoopDoesNotAllocate; a controller's whole life,
@@ -47,18 +47,31 @@ import (
 //   - What a run changed (runEvent) reaches report in registers, not
 //     memory: it has four one-word fields. TestRunEventFitsInRegisters;
 //     BenchmarkRunSuccess and BenchmarkRunFailure for the cost.
-//   - The Controller fills its 416-byte size class to the last 2 bytes.
+//   - The trigger debounce (WithTriggerDebounce) is decided in holdLocked,
+//     which a run through begin reaches only with the option on, after an
+//     update or trigger; a held run is a state bit (stHeld), not a field.
+//     TestTriggerDebounce; BenchmarkTrigger.
+//   - The goroutine's pprof labels are made by the installer
+//     (newController) and only set by the goroutine (labelAtStart): their
+//     allocations, made here, would reach deeper than the idle stack
+//     allows. TestIdleControllerKeepsTheInitialStack.
+//   - Run middleware (WithRunMiddleware) is applied once per set of
+//     parameters, in adopt, after an update: a run pays for it only the
+//     middleware's own calls, and without middleware a run through begin
+//     tests one bool more, a timed run claimed without the lock nothing.
+//     TestRunMiddlewareWrapsOncePerSetOfParameters; BenchmarkTrigger.
+//   - The Controller fills its 416-byte size class to the last byte.
 //     TestControllerStaysInItsSizeClass; BenchmarkIdle for the whole
 //     footprint of an idle controller.
 
 // loop is the run loop's own state. It lives on the loop goroutine's stack
 // and only that goroutine touches it.
 type loop struct {
-	do     ControllerFunc  // DoFunc of the params the next run uses
+	do     ControllerFunc  // DoFunc of the params the next run uses, wrapped by the run middleware
 	health HealthReporter  // and their HealthReporter, told its outcome
 	group  *groupHandles   // and the metrics of their group, which count it
-	ctx    context.Context // its run context
-	parent context.Context // params.Context, or Background
+	runCtx context.Context // and the run context it gets (Controller.runCtx)
+	parent context.Context // params.Context, or Background: runCtx's parent
 	// timeout is the RunTimeout of the params the next run uses.
 	timeout time.Duration
 	step    int  // failures since the last success or update
@@ -66,6 +79,12 @@ type loop struct {
 	timed   bool // the next wait is on the timer
 	ranDo   bool // DoFunc ran at least once
 	begun   bool // begin ran at least once
+	// stale says an update came since do was last taken from the
+	// parameters: the next run takes it again, and adopt wraps it in the
+	// Manager's run middleware. A bool in the padding after begun: a
+	// field of its own would grow run's frame, and the idle stack with it
+	// (TestIdleControllerKeepsTheInitialStack).
+	stale bool
 
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
@@ -116,6 +135,7 @@ const (
 // the bookkeeping afterRun's. A timed run whose state did not change is
 // claimed without the lock.
 func (c *Controller) run() {
+	c.labelAtStart()
 	var l loop
 	due := true // rule 1: the first run starts at once
 	for {
@@ -167,17 +187,18 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 			err, stack = panicError(r), debug.Stack()
 		}
 	}()
-	return l.do(l.ctx), nil
+	return l.do(l.runCtx), nil
 }
 
-// callTimed runs DoFunc with a context that ends after RunTimeout. The
+// callTimed runs DoFunc with a context that ends after RunTimeout, with
+// the cause ErrRunTimeout (which costs nothing more). The
 // context with its timer is a run's only allocation (4 objects, 272 bytes:
 // BenchmarkRunSuccessWithRunTimeout), and only a run with a RunTimeout
 // makes it.
 //
 //go:noinline
 func callTimed(l *loop) (error, []byte) {
-	ctx, cancel := context.WithTimeout(l.ctx, l.timeout)
+	ctx, cancel := context.WithTimeoutCause(l.runCtx, l.timeout, ErrRunTimeout)
 	defer cancel()
 	return call(l.do, ctx)
 }
@@ -193,9 +214,10 @@ func callTimed(l *loop) (error, []byte) {
 //go:noinline
 func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	c.mu.Lock()
-	// The loop is out of any timed wait: from here on a change must wake
-	// it through the signal channel, also while the lock is dropped below.
-	c.state.And(^stTimed)
+	// The loop is out of any timed wait, and holds no run: from here on a
+	// change must wake it through the signal channel, also while the lock
+	// is dropped below.
+	waited := c.state.And(^(stTimed | stHeld))
 	l.timed = false
 	for inv := c.unreported; inv != nil; inv = c.unreported {
 		// Taken whole: updates that come while the lock is dropped start
@@ -220,8 +242,10 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	updated := st&stUpdate != 0
 	if updated {
 		l.step = 0
+		l.stale = true
 	}
-	due = due || updated || st&stTrigger != 0
+	asked := updated || st&stTrigger != 0
+	due = due || asked
 	c.state.Store(st &^ (stUpdate | stTrigger))
 	l.parent = contextOrBackground(c.params.Context)
 	l.ends = l.parent.Done() != nil
@@ -232,21 +256,57 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 		c.mu.Unlock()
 		return actWait, 0
 	}
+	// A run an update or trigger asked for waits out the debounce window
+	// (debounce.go), but the first, and one held already.
+	if asked && c.mgr.debounce > 0 && l.ranDo && waited&stHeld == 0 && c.holdLocked(l, st, waited&stTimed != 0) {
+		c.mu.Unlock()
+		return actWait, 0
+	}
 	if c.runCtx == nil {
 		c.newRunCtxLocked(l.parent)
 		if st&stRemoved != 0 {
-			c.cancelRunCtxLocked()
+			c.cancelRunCtxLocked(removalCause(st))
 		}
 	}
-	l.do, l.health, l.group, l.ctx = c.params.DoFunc, c.params.Health, c.group, c.runCtx
+	l.health, l.group, l.runCtx = c.params.Health, c.group, c.runCtx
 	l.timeout = c.params.RunTimeout
 	c.cancelOnUpdate = c.params.CancelDoFuncOnUpdate
+	var group Group
+	relabel := false
+	if l.stale {
+		// Only an update changes DoFunc, and every update leaves
+		// stUpdate, which made l.stale.
+		l.do, group = c.params.DoFunc, c.params.Group
+		relabel, c.groupChanged = c.groupChanged, false
+	}
 	// The run's start, read once: the loop times the run from it too.
 	start = l.offset()
 	c.runStart = l.anchorNs + int64(start)
-	c.state.Store(stRunning | st&stRemoved)
+	c.state.Store(stRunning | st&(stRemoved|stClosed))
 	c.mu.Unlock()
+	if l.stale {
+		c.adopt(l, group, relabel)
+	}
 	return actRun, start
+}
+
+// adopt makes the loop's own what follows from new parameters, once per
+// set of them and outside mu: l.do, just taken from them, wrapped by the
+// Manager's run middleware, and, when relabel says their group is another,
+// the goroutine's pprof labels. group is the parameters' Group.
+//
+// Out of line: it runs after updates only, and its frame, with the
+// middleware's, must not count in begin's.
+//
+//go:noinline
+func (c *Controller) adopt(l *loop, group Group, relabel bool) {
+	l.stale = false
+	if relabel {
+		c.relabel(group.Name)
+	}
+	if len(c.mgr.middleware) > 0 {
+		l.do = c.wrapDo(l.do, group)
+	}
 }
 
 // afterRun ends a run: it classifies the result (rule 3), records it and
@@ -308,21 +368,22 @@ func (c *Controller) armTimerLocked(wait time.Duration) {
 	switch {
 	case c.timer == nil:
 		c.timer = time.NewTimer(wait)
-	case c.timerPoked:
-		// A wake-up may have fired after the loop stopped waiting. Go's
-		// timers drop it on Reset, unless the program runs with
-		// GODEBUG=asynctimerchan=1: then it must be drained here, or the
-		// next wait would end at once.
-		if !c.timer.Stop() {
-			select {
-			case <-c.timer.C:
-			default:
-			}
-		}
+	case c.timerPoked && cap(c.timer.C) != 0:
+		// A wake-up (wakeLocked) may have fired after the loop stopped
+		// waiting. Go's timers drop its tick on Reset, but not under
+		// GODEBUG=asynctimerchan=1, where the channel is buffered (the
+		// cap tells): there, Stop may report the timer expired while its
+		// tick is still on its way, so no drain can be sure to catch it,
+		// and a tick landing after the drain would end the next wait at
+		// once. The old timer is left to it; the loop waits on a new one.
+		// Only after a wake-up, and only under that setting.
+		// TestTimedRunNotCutShortByAStaleTick.
+		c.timer.Stop()
+		c.timer = time.NewTimer(wait)
 		c.timerPoked = false
-		c.timer.Reset(wait)
 	default:
 		c.timer.Reset(wait)
+		c.timerPoked = false
 	}
 }
 
@@ -351,11 +412,13 @@ func (c *Controller) runStopFunc() {
 		c.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(contextOrBackground(c.params.Context)))
-	defer cancel()
-	c.runCtx, c.runCancel = ctx, cancel
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(contextOrBackground(c.params.Context)))
+	defer cancel(nil)
+	// From here on the run context's fields hold the StopFunc's context,
+	// so that expireStop cancels it with cancelRunCtxLocked.
+	c.runCtx, c.runCtxCancel = ctx, cancel
 	if c.stopExpired {
-		cancel()
+		cancel(causeStopDeadline.err())
 	}
 	c.mu.Unlock()
 
@@ -378,9 +441,9 @@ func (c *Controller) runStopFunc() {
 	if stack != nil {
 		met.countPanic(group)
 	}
-	c.logStopFailure(err, stack)
+	c.logStopFailure(ctx, err, stack)
 	if health != nil {
-		c.reportHealth(health, err)
+		c.reportHealth(ctx, health, err)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -512,4 +514,96 @@ func TestStatusShowsTheRunningDoFunc(t *testing.T) {
 		assert.NotContains(t, string(js), "running-since")
 		e.m.RemoveAllAndWait()
 	})
+}
+
+// Rule 4 under Go's old timer semantics: with GODEBUG=asynctimerchan=1 a
+// timer's channel is buffered and a tick may still be on its way after
+// Stop says the timer expired, so the tick of a timer that an update
+// fired may land after the loop drained it, and cut the next timed wait
+// short. The storm updates controllers near their timers' due time and
+// checks that no timed run starts less than RunInterval after the
+// previous run of the same parameters ended; it runs with the default
+// timers, then in a child process with asynctimerchan=1.
+func TestTimedRunNotCutShortByAStaleTick(t *testing.T) {
+	const storm = 3 * time.Second
+	if os.Getenv("BGCTL_HOSTILE_CHILD") == "1" {
+		require.Equal(t, 1, cap(time.NewTimer(time.Hour).C), "the child runs with asynctimerchan=1: a timer's channel is buffered")
+		assert.Empty(t, staleTickStorm(storm))
+		return
+	}
+	assert.Empty(t, staleTickStorm(storm/3), "with the default timers")
+	runInChild(t, t.Name(), "GODEBUG=asynctimerchan=1")
+}
+
+// staleTickStorm runs controllers with a RunInterval of 5 ms for d, while
+// 16 goroutines update them near their timers' due time, and returns the
+// timed runs that came early. Each update brings a DoFunc of its own, so
+// that runs are judged against the previous run of the same parameters:
+// the run an update makes at once is not a timed run, and neither is one
+// the loop had committed to before the update.
+func staleTickStorm(d time.Duration) (early []string) {
+	const interval = 5 * time.Millisecond
+	m := NewManager(WithLogger(quietLogger()), WithMetrics(nil))
+	type tracker struct {
+		mu      sync.Mutex
+		gen     int       // of the parameters of the last run
+		lastEnd time.Time // when the last run returned
+		next    int       // the generation the next update brings
+	}
+	var mu sync.Mutex // guards early
+	ts := make([]*tracker, 64)
+	params := func(name string, tr *tracker) ControllerParams {
+		tr.next++
+		gen := tr.next
+		return ControllerParams{RunInterval: interval, DoFunc: func(context.Context) error {
+			start := time.Now()
+			tr.mu.Lock()
+			if tr.gen == gen && !tr.lastEnd.IsZero() {
+				if gap := start.Sub(tr.lastEnd); gap < interval {
+					mu.Lock()
+					early = append(early, fmt.Sprintf("%s: a timed run %v after the previous one, under RunInterval %v", name, gap, interval))
+					mu.Unlock()
+				}
+			}
+			tr.gen = gen
+			tr.mu.Unlock()
+			defer func() {
+				tr.mu.Lock()
+				tr.lastEnd = time.Now()
+				tr.mu.Unlock()
+			}()
+			return nil
+		}}
+	}
+	for i := range ts {
+		ts[i] = &tracker{}
+		ts[i].mu.Lock()
+		p := params(fmt.Sprint(i), ts[i])
+		ts[i].mu.Unlock()
+		m.UpdateController(fmt.Sprint(i), p)
+	}
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() { // joined below
+			for time.Now().Before(deadline) {
+				i := rand.IntN(len(ts))
+				tr := ts[i]
+				tr.mu.Lock()
+				due := tr.lastEnd.Add(interval)
+				tr.mu.Unlock()
+				// Around the due time: a little before, or just after.
+				time.Sleep(time.Until(due.Add(time.Duration(rand.Int64N(int64(1500*time.Microsecond))) - time.Millisecond)))
+				tr.mu.Lock()
+				p := params(fmt.Sprint(i), tr)
+				tr.mu.Unlock()
+				m.UpdateController(fmt.Sprint(i), p)
+			}
+		})
+	}
+	wg.Wait()
+	m.RemoveAllAndWait()
+	mu.Lock()
+	defer mu.Unlock()
+	return early
 }

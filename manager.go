@@ -28,40 +28,53 @@ import (
 // either. A Manager must not be copied after first use. Every method is safe
 // for concurrent use.
 type Manager struct {
+	// The fields are grouped by how they are guarded, as Controller's
+	// are.
+
+	// Immutable after construction: fake is set by FakeManager; the
+	// options are set by NewManager or by an Option applied before first
+	// use, and only read after.
+	fake       bool
+	logrusLog  *logrus.Entry // WithLogger; nil: the default
+	slogLog    *slog.Logger  // WithSlog; nil: logrus
+	metrics    *Metrics
+	metricsSet bool          // metrics came from WithMetrics, nil included
+	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source (jitterSource has a lock of its own)
+	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
+	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
+	// middleware is what WithRunMiddleware gave, outermost first; nil:
+	// none.
+	middleware []RunMiddleware
+	// debounce is WithTriggerDebounce's window; 0 (the default): off.
+	debounce time.Duration
+
+	// Atomic: stoppingN counts the controllers removed and not yet
+	// terminated. Incremented under mu by a removal; decremented without
+	// it by each terminating goroutine (release), and the one that brings
+	// it to 0 then takes mu.
+	stoppingN atomic.Int64
+
+	// mu guards every field below. Exception: sink is written once, under
+	// mu, by the first newController (sinkSet then true), and read
+	// without mu by the controllers' goroutines, which start after it
+	// (the go statement orders the two).
 	mu          sync.Mutex
 	controllers map[string]*Controller // installed, by name
 	sorted      []*Controller          // controllers sorted by name; nil: to be rebuilt
 	sortedUUIDs string                 // their UUIDs, 36 bytes each, built with sorted
 	registered  bool                   // in the global registry (has controllers, not fake)
-	fake        bool
-	closed      bool // Shutdown was called: installs are refused
-
-	// Controllers removed and not yet terminated: stoppingN counts them
-	// (decremented without the lock by the terminating goroutine);
-	// stopping lists them with their removal times, terminated ones
-	// included until pruned. Each joined cohort, the open stop cohort,
-	// when it was removed. watch warns of those that stop too slowly
-	// (stopping.go); made on the first removal, armed while watchArmed.
-	stoppingN  atomic.Int64
+	closed      bool                   // Shutdown was called: installs are refused
+	// stopping lists the removed controllers with their removal times,
+	// terminated ones included until pruned. cohort is the open stop
+	// cohort, which each removal joins. watch warns of those that stop
+	// too slowly (stopping.go): made on the first removal, armed while
+	// watchArmed.
 	stopping   []stoppingController
 	cohort     *stopCohort
 	watch      *time.Timer
 	watchArmed bool
-
-	// Options, set before first use.
-	logrusLog  *logrus.Entry // WithLogger; nil: the default
-	slogLog    *slog.Logger  // WithSlog; nil: logrus
-	metrics    *Metrics
-	metricsSet bool          // metrics came from WithMetrics, nil included
-	jitter     *jitterSource // WithJitterSource; nil: math/rand/v2's global source
-	stuckAfter time.Duration // WithStuckAfter; 0 (the default): off
-	slowStop   time.Duration // WithSlowStopWarning; 0: the default, defaultSlowStop; < 0: off
-
-	// sink is where the controllers log, resolved from the options by the
-	// first newController (under mu, sinkSet then true) and read by the
-	// controllers' goroutines, which start after it.
-	sink    logSink
-	sinkSet bool
+	sink       logSink // where the controllers log, resolved from the options
+	sinkSet    bool
 }
 
 // Option configures a Manager made by [NewManager]. An Option may also be
@@ -87,7 +100,10 @@ func NewManager(opts ...Option) *Manager {
 }
 
 // WithLogger makes the Manager log to l, with the field subsys=controller
-// added; each controller adds its name and uuid. Default (and for a nil l):
+// added; each controller adds controller.name and controller.uuid (not
+// name and uuid, which a program's own fields may use). An entry about a
+// run has the run's context as its Context, for hooks that read values
+// such as a trace ID from it. Default (and for a nil l):
 // logrus.StandardLogger(). It replaces a logger set by [WithSlog].
 func WithLogger(l logrus.FieldLogger) Option {
 	return func(m *Manager) {
@@ -99,9 +115,18 @@ func WithLogger(l logrus.FieldLogger) Option {
 
 // WithSlog makes the Manager log to l, a log/slog logger, instead of
 // logrus: the same lines at the same levels, with the same attributes
-// (subsys=controller; each controller adds name and uuid; then error,
-// duration, outcome, stack and panic where they apply). A nil l changes
-// nothing. It replaces a logger set by [WithLogger].
+// (subsys=controller; each controller adds a group controller holding its
+// name and uuid, so that a logger made with With("name", …) keeps its own;
+// then error, duration, outcome, stack and panic where they apply). A nil l
+// changes nothing. It replaces a logger set by [WithLogger].
+//
+// The handler gets the run's context with every line about a run (the
+// parameters' Context, or the StopFunc's, for the others), so values such
+// as a trace ID reach it. With AddSource, a line logged inside a call of
+// the program (an install refused after Shutdown) names that call; the
+// lines of a controller's goroutine name no source, since no line of the
+// program logged them: their controller group says which controller it
+// was.
 func WithSlog(l *slog.Logger) Option {
 	return func(m *Manager) {
 		if l != nil {
@@ -181,7 +206,9 @@ func (m *Manager) metricsOrDefault() *Metrics {
 }
 
 // ErrManagerShutDown is the error logged when an install is refused
-// because [Manager.Shutdown] was called; check for it with errors.Is.
+// because [Manager.Shutdown] was called, and the cause ([context.Cause]) of
+// the run contexts Shutdown cancels, and of the StopFunc contexts its
+// deadline cancels; check for it with errors.Is.
 var ErrManagerShutDown = errors.New("manager was shut down")
 
 // ErrControllerNotFound is wrapped by the error of a removal of a name that
@@ -219,7 +246,7 @@ func (m *Manager) CreateController(name string, params ControllerParams) bool {
 func (m *Manager) install(name string, params ControllerParams, update bool) (*Controller, bool) {
 	if name == "" {
 		sink := m.newSink()
-		sink.write("", &logLine{level: levelError, msg: "refusing to install a controller without a name", err: errors.New("empty controller name")})
+		sink.write("", &logLine{level: levelError, msg: "refusing to install a controller without a name", err: errors.New("empty controller name"), pc: callerPC()})
 		return nil, false
 	}
 	verr := params.Validate()
@@ -230,7 +257,7 @@ func (m *Manager) install(name string, params ControllerParams, update bool) (*C
 		// Logged under m.mu, so that a Shutdown's installs are refused in
 		// the order they came; a refused install is rare.
 		sink := m.newSink()
-		sink.write(name, &logLine{level: levelWarn, msg: fmt.Sprintf("refusing to install controller %q: the Manager was shut down", name), err: ErrManagerShutDown})
+		sink.write(name, &logLine{level: levelWarn, msg: fmt.Sprintf("refusing to install controller %q: the Manager was shut down", name), err: ErrManagerShutDown, pc: callerPC()})
 		return nil, false
 	}
 	c, exists := m.controllers[name]
@@ -329,7 +356,7 @@ func (m *Manager) stopLocked(c *Controller) {
 		c.cohort.pending.Add(1)
 		m.watchStoppingLocked()
 	}
-	c.remove()
+	c.remove(m.closed)
 }
 
 // unregisterIfEmptyLocked takes m out of the global registry once it has
@@ -421,7 +448,7 @@ func (m *Manager) removeAllLocked() {
 		for _, c := range cs {
 			m.stopping = append(m.stopping, stoppingController{c: c, removed: now})
 			c.cohort = co
-			c.remove()
+			c.remove(m.closed)
 		}
 		if len(cs) > 0 {
 			m.watchStoppingLocked()
@@ -530,5 +557,5 @@ func (m *Manager) GetStatusModel() ControllerStatuses {
 	}
 	cs, uuids := m.sorted, m.sortedUUIDs
 	m.mu.Unlock()
-	return statusesOf(cs, uuids)
+	return statusesOf(cs, uuids, time.Now().UnixNano())
 }

@@ -37,7 +37,7 @@ func TestInvalidParamsInstallAParkedController(t *testing.T) {
 		assert.Equal(t, []string{"degraded c: invalid controller parameters: RunInterval must not be negative, got -1s"}, h.all())
 		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))
 		assert.Equal(t, 1.0, testutil.ToFloat64(e.metrics.active))
-		assert.ErrorContains(t, e.m.Health(), `controller "c": 1 consecutive failures: invalid controller parameters`)
+		assert.ErrorContains(t, e.m.Health(), `controller "c": 1 consecutive failure: invalid controller parameters`)
 
 		time.Sleep(time.Hour)
 		assert.True(t, e.m.TriggerController("c"))

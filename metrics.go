@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,7 @@ type MetricsOpts struct {
 //	controllers_runs_duration_seconds{status}        histogram  duration of each DoFunc run
 //	controllers_group_runs_total{group_name,status}  counter    the same per group (not for the zero Group)
 //	controllers_failing                              gauge      controllers whose consecutive failure count is > 0
+//	controllers_unhealthy                            gauge      controllers failing or stuck: those Health reports
 //	controllers_active                               gauge      controllers installed and not yet terminated
 //	controllers_stopping                             gauge      controllers removed whose DoFunc or StopFunc has not returned
 //	controllers_longest_running_seconds              gauge      how long the longest-running DoFunc has run (0: none runs)
@@ -56,8 +58,8 @@ type MetricsOpts struct {
 //
 // status is "success" or "failure". When several Managers share a Metrics,
 // each gauge is their sum (the longest-running one, their maximum).
-// controllers_stopping and controllers_longest_running_seconds are
-// computed when scraped, visiting every controller of the Managers that
+// controllers_stopping, controllers_unhealthy and
+// controllers_longest_running_seconds are computed when scraped, visiting every controller of the Managers that
 // record into the Metrics; controllers_active counts installed and
 // stopping controllers, controllers_stopping the latter alone. A nil *Metrics records nothing.
 type Metrics struct {
@@ -70,10 +72,11 @@ type Metrics struct {
 	runDuration *prometheus.Desc
 	// Gauges computed when scraped, from the Managers in the registry
 	// that record here: a run costs nothing for them.
-	stoppingDesc *prometheus.Desc
-	longestDesc  *prometheus.Desc
-	upperNanos   []int64   // bucket upper bounds in nanoseconds, rounded down
-	upper        []float64 // the same in seconds, as given
+	stoppingDesc  *prometheus.Desc
+	longestDesc   *prometheus.Desc
+	unhealthyDesc *prometheus.Desc
+	upperNanos    []int64   // bucket upper bounds in nanoseconds, rounded down
+	upper         []float64 // the same in seconds, as given
 
 	groupRuns *prometheus.CounterVec // nil when DisableGroupMetrics
 	failing   prometheus.Gauge
@@ -187,6 +190,9 @@ func NewMetrics(opts MetricsOpts) *Metrics {
 		stoppingDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_stopping"),
 			"Number of controllers removed whose DoFunc or StopFunc has not returned yet.",
 			nil, cl),
+		unhealthyDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_unhealthy"),
+			"Number of installed controllers that are failing or stuck, the ones Health reports.",
+			nil, cl),
 		longestDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_longest_running_seconds"),
 			"How long the longest-running DoFunc, of an installed or a stopping controller, has run, in seconds; 0 when none runs.",
 			nil, cl),
@@ -246,6 +252,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.runDuration
 	ch <- m.stoppingDesc
 	ch <- m.longestDesc
+	ch <- m.unhealthyDesc
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
@@ -259,8 +266,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			float64(count+m.runs[i].noDurRun.Load()), runStatusNames[i])
 		ch <- prometheus.MustNewConstHistogram(m.runDuration, count, sum, buckets, runStatusNames[i])
 	}
-	stopping, longest := m.scrapeManagers(time.Now())
+	stopping, unhealthy, longest := m.scrapeManagers(time.Now())
 	ch <- prometheus.MustNewConstMetric(m.stoppingDesc, prometheus.GaugeValue, float64(stopping))
+	ch <- prometheus.MustNewConstMetric(m.unhealthyDesc, prometheus.GaugeValue, float64(unhealthy))
 	ch <- prometheus.MustNewConstMetric(m.longestDesc, prometheus.GaugeValue, longest.Seconds())
 	for _, c := range m.collectors() {
 		c.Collect(ch)
@@ -268,10 +276,10 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // scrapeManagers returns, over the Managers recording into m, the number of
-// controllers stopping and how long the longest-running DoFunc has run at
-// now. It visits every controller of those Managers: the cost of a scrape,
-// not of a run.
-func (m *Metrics) scrapeManagers(now time.Time) (stopping int64, longest time.Duration) {
+// controllers stopping, the number of installed ones that are not healthy,
+// and how long the longest-running DoFunc has run at now. It visits every
+// controller of those Managers: the cost of a scrape, not of a run.
+func (m *Metrics) scrapeManagers(now time.Time) (stopping, unhealthy int64, longest time.Duration) {
 	oldest := now.UnixNano()
 	for _, mgr := range registry.snapshot() {
 		if mgr.metricsOrDefault() != m {
@@ -280,7 +288,14 @@ func (m *Metrics) scrapeManagers(now time.Time) (stopping int64, longest time.Du
 		mgr.mu.Lock()
 		stopping += mgr.stoppingN.Load()
 		for _, c := range mgr.controllers {
-			if s := c.runningSince(); s != 0 && s < oldest {
+			c.mu.Lock()
+			s := c.runningSinceLocked()
+			stuck, _, _, _ := c.stuckLocked(now.UnixNano())
+			if c.failingLocked() || stuck {
+				unhealthy++
+			}
+			c.mu.Unlock()
+			if s != 0 && s < oldest {
 				oldest = s
 			}
 		}
@@ -291,7 +306,7 @@ func (m *Metrics) scrapeManagers(now time.Time) (stopping int64, longest time.Du
 		}
 		mgr.mu.Unlock()
 	}
-	return stopping, now.Sub(time.Unix(0, oldest))
+	return stopping, unhealthy, now.Sub(time.Unix(0, oldest))
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
@@ -324,10 +339,13 @@ func (m *Metrics) group(name string) *groupHandles {
 	if g, ok := m.groups[name]; ok {
 		return g
 	}
-	g := &groupHandles{panics: m.panics.WithLabelValues(name), timeouts: m.timeouts.WithLabelValues(name)}
+	// A name that is not UTF-8 makes the parameters invalid, but they
+	// are installed all the same, and the label library panics on it.
+	label := strings.ToValidUTF8(name, "\uFFFD")
+	g := &groupHandles{panics: m.panics.WithLabelValues(label), timeouts: m.timeouts.WithLabelValues(label)}
 	if m.groupRuns != nil && name != "" {
-		g.success = m.groupRuns.WithLabelValues(name, success)
-		g.failure = m.groupRuns.WithLabelValues(name, failure)
+		g.success = m.groupRuns.WithLabelValues(label, success)
+		g.failure = m.groupRuns.WithLabelValues(label, failure)
 	}
 	if m.groups == nil {
 		m.groups = make(map[string]*groupHandles)

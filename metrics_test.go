@@ -71,6 +71,9 @@ cilium_controllers_runs_total{cluster="c1",status="success"} 1
 # HELP cilium_controllers_stopping Number of controllers removed whose DoFunc or StopFunc has not returned yet.
 # TYPE cilium_controllers_stopping gauge
 cilium_controllers_stopping{cluster="c1"} 0
+# HELP cilium_controllers_unhealthy Number of installed controllers that are failing or stuck, the ones Health reports.
+# TYPE cilium_controllers_unhealthy gauge
+cilium_controllers_unhealthy{cluster="c1"} 1
 `
 		assert.NoError(t, testutil.GatherAndCompare(e.reg, strings.NewReader(want)))
 		e.m.RemoveAllAndWait()

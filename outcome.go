@@ -1,4 +1,5 @@
-// outcome.go: what a run's result means, and recording it in the
+// outcome.go: what a run's result means (the outcome, how a result is
+// classified into one, and its name in the log), and recording it in the
 // controller's statistics.
 
 package controller
@@ -9,6 +10,22 @@ import (
 	"time"
 	"unsafe"
 )
+
+// outcome is what a run's result means (rule 3), reduced to what the
+// schedule, the statistics and the log tell apart. classify makes one.
+type outcome uint8
+
+const (
+	outcomeSuccess outcome = iota // DoFunc returned nil
+	outcomeExit                   // an ExitReason, or an error after cancellation
+	outcomeFailure                // any other error, a panic, or a run that lasted its RunTimeout
+)
+
+// outcomeNames are the outcomes as the log's outcome field shows them.
+var outcomeNames = [...]string{outcomeSuccess: "success", outcomeExit: "exit", outcomeFailure: "failure"}
+
+// String returns the outcome's name in the log.
+func (o outcome) String() string { return outcomeNames[o] }
 
 // mayBeCancelled reports whether the run context may have been cancelled:
 // only a removal, an update or a trigger (which leave their bit in the
@@ -34,7 +51,7 @@ func (c *Controller) classify(l *loop, err error, stack []byte, timedOut bool) (
 		// A panic is a failure, cancelled or not; panicError's message is
 		// our own.
 		return outcomeFailure, err, err.Error()
-	case err != nil && c.mayBeCancelled(l) && l.ctx.Err() != nil:
+	case err != nil && c.mayBeCancelled(l) && l.runCtx.Err() != nil:
 		// A removal or update cancelled the run: that wins over a
 		// timeout, which the run context does not carry.
 		l.lastFailure = nil
@@ -142,7 +159,8 @@ func inspectError(err error, classify bool) (read error, msg string, exit bool) 
 }
 
 // ErrRunTimeout is wrapped by the error recorded for a run that lasted its
-// [ControllerParams.RunTimeout]; check for it with errors.Is.
+// [ControllerParams.RunTimeout], and is the cause ([context.Cause]) of that
+// run's context, which ends then; check for it with errors.Is.
 var ErrRunTimeout = errors.New("run timed out")
 
 // RunTimeoutError is the error recorded for a run that lasted its

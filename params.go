@@ -7,13 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // ControllerFunc is the signature of a controller's DoFunc and StopFunc.
 //
 // The context is cancelled when the controller is removed, and, for DoFunc,
 // when an update or trigger asks for the running call to be cancelled (see
-// [ControllerParams.CancelDoFuncOnUpdate]). A function should return promptly
+// [ControllerParams.CancelDoFuncOnUpdate]); [context.Cause] says why
+// (rule 2 of the package documentation). A function should return promptly
 // once its context is done; whatever it returns then is not counted as a
 // failure.
 type ControllerFunc func(ctx context.Context) error
@@ -55,9 +57,10 @@ type HealthReporter interface {
 // but DoFunc is a valid choice; the comment on each field says what its zero
 // value means.
 //
-// The wait after a failed run grows linearly with the number of failures
-// in a row, up to MaxRetryInterval: the formula, its defaults and a sample
-// sequence are rule 4 of the package documentation.
+// The wait after a run, and the retry formula that RunInterval,
+// ErrorRetryBaseDuration, MaxRetryInterval, NoErrorRetry, Backoff,
+// MaxRetries and Jitter feed, are rule 4 of the package documentation,
+// with its defaults and sample sequences.
 type ControllerParams struct {
 	// Group is the metrics group of the controller. A run counts in the
 	// group of the parameters it started with, so after an update the
@@ -81,18 +84,23 @@ type ControllerParams struct {
 	// update or a trigger.
 	RunInterval time.Duration
 
-	// ErrorRetryBaseDuration is the unit of the linear retry backoff: the
-	// n-th consecutive failure is retried after n × ErrorRetryBaseDuration.
+	// ErrorRetryBaseDuration is the unit of the retry backoff (rule 4).
 	// Zero means 1s.
 	ErrorRetryBaseDuration time.Duration
 
-	// MaxRetryInterval caps the retry wait. Zero: no cap.
+	// MaxRetryInterval caps the retry wait, before the jitter (rule 4).
+	// Zero: no cap.
 	MaxRetryInterval time.Duration
 
 	// NoErrorRetry, when true, schedules no retry after a failure: the
 	// next run comes after RunInterval if that is > 0, else on an update or
 	// trigger. False (the default): failures are retried with backoff.
 	NoErrorRetry bool
+
+	// Backoff is how the retry wait grows with the failures in a row
+	// (rule 4). Zero: [LinearBackoff], Cilium's. It sits here, after a
+	// bool, where it takes no room of its own.
+	Backoff Backoff
 
 	// MaxRetries stops the retries once this many failures happened since
 	// the last success or update; the controller then behaves as with
@@ -134,10 +142,12 @@ type ControllerParams struct {
 // returns; check for it with errors.Is.
 var ErrInvalidParams = errors.New("invalid controller parameters")
 
-// Validate reports whether the parameters can run. It rejects a nil DoFunc
-// and a negative RunInterval, ErrorRetryBaseDuration, MaxRetryInterval,
-// Jitter, MaxRetries or RunTimeout. The error names every offending field with its value
-// and wraps [ErrInvalidParams].
+// Validate reports whether the parameters can run. It rejects a nil
+// DoFunc; a negative RunInterval, ErrorRetryBaseDuration,
+// MaxRetryInterval, Jitter, MaxRetries or RunTimeout; a Backoff that is
+// none of the policies; and a Group name that is not valid UTF-8, which no
+// Prometheus label can hold. The error names every offending field with
+// its value and wraps [ErrInvalidParams].
 func (p ControllerParams) Validate() error {
 	var errs []error
 	bad := func(field string, value any) {
@@ -163,6 +173,12 @@ func (p ControllerParams) Validate() error {
 	}
 	if p.RunTimeout < 0 {
 		bad("RunTimeout", p.RunTimeout)
+	}
+	if !p.Backoff.valid() {
+		errs = append(errs, fmt.Errorf("%w: Backoff must be LinearBackoff, ExponentialBackoff or ConstantBackoff, got %v", ErrInvalidParams, p.Backoff))
+	}
+	if !utf8.ValidString(p.Group.Name) {
+		errs = append(errs, fmt.Errorf("%w: Group.Name must be valid UTF-8 (it is the metrics label group_name), got %q", ErrInvalidParams, p.Group.Name))
 	}
 	return errors.Join(errs...)
 }

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
@@ -32,6 +34,8 @@ func TestValidateNamesTheFieldAndValue(t *testing.T) {
 		{"MaxRetryInterval", ControllerParams{DoFunc: NoopFunc, MaxRetryInterval: -3 * time.Second}, "MaxRetryInterval must not be negative, got -3s"},
 		{"Jitter", ControllerParams{DoFunc: NoopFunc, Jitter: -time.Nanosecond}, "Jitter must not be negative, got -1ns"},
 		{"MaxRetries", ControllerParams{DoFunc: NoopFunc, MaxRetries: -4}, "MaxRetries must not be negative, got -4"},
+		{"RunTimeout", ControllerParams{DoFunc: NoopFunc, RunTimeout: -5 * time.Second}, "RunTimeout must not be negative, got -5s"},
+		{"Group", ControllerParams{DoFunc: NoopFunc, Group: NewGroup("ok\x9a")}, `Group.Name must be valid UTF-8 (it is the metrics label group_name), got "ok\x9a"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,36 +57,86 @@ func TestValidateNamesTheFieldAndValue(t *testing.T) {
 	})
 }
 
-// FuzzParams builds parameters from arbitrary durations, flags and counts.
+// A group name that is not UTF-8 cannot be a Prometheus label value:
+// installing it neither panics (as the metrics library does on such a
+// label) nor runs; the controller shows Validate's error, naming the field.
+func TestGroupNameNotUTF8IsInvalid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		rec := newRecorder()
+		c := e.m.UpdateController("c", ControllerParams{DoFunc: rec.do, Group: NewGroup("\xff")})
+		synctest.Wait()
+		require.Zero(t, rec.count())
+		require.ErrorContains(t, c.GetLastError(), `Group.Name must be valid UTF-8 (it is the metrics label group_name), got "\xff"`)
+		require.ErrorIs(t, e.m.Health(), ErrInvalidParams)
+
+		e.m.UpdateController("c", ControllerParams{DoFunc: rec.do, Group: NewGroup("ok")})
+		synctest.Wait()
+		require.Equal(t, 1, rec.count(), "an update with a valid name runs")
+		e.m.RemoveAllAndWait()
+		_, err := e.reg.Gather() // a pedantic registry: every label is checked
+		require.NoError(t, err)
+	})
+}
+
+// paramsInput is FuzzParams' input, decoded by decodeFuzz. Params'
+// DoFunc, StopFunc, Context and Health are the target's to set.
+type paramsInput struct {
+	Params   ControllerParams
+	NoDoFunc bool   // leave DoFunc nil
+	DeadCtx  bool   // Context is cancelled before the install
+	Outcomes uint64 // run i ends as bits 2i and 2i+1 say: success, failure, exit, or a panic
+}
+
+// FuzzParams builds parameters from arbitrary values of every field.
 // Validate must not panic and must name every offending field with its
 // value; a controller built from them, in a bubble with a fake clock, must
 // run at once when they are valid, and otherwise park with Validate's
 // error and never run; and it must never run more often than its shortest
 // possible wait allows (no busy loop).
 func FuzzParams(f *testing.F) {
-	s := int64(time.Second)
-	us := int64(time.Microsecond)
-	//     doFunc interval base   cap  noRetry maxRetries jitter cancelOnUpdate deadCtx outcomes
-	f.Add(true, int64(0), int64(0), int64(0), false, 0, int64(0), false, false, uint64(0))
-	f.Add(true, s, int64(0), int64(0), false, 0, int64(0), false, false, uint64(0))
-	f.Add(true, int64(0), us, int64(0), false, 0, int64(0), false, false, uint64(0x5555))
-	f.Add(true, int64(0), int64(1), int64(1), false, 0, int64(1), true, false, uint64(math.MaxUint64))
-	f.Add(true, int64(0), int64(0), int64(0), true, 0, int64(0), false, false, uint64(0x55))
-	f.Add(true, int64(0), s, int64(0), false, 3, int64(0), false, false, uint64(0x5555))
-	f.Add(true, int64(math.MaxInt64), int64(math.MaxInt64), int64(0), false, 0, int64(math.MaxInt64), false, false, uint64(0xe4))
-	f.Add(true, s, s, int64(0), false, 0, int64(0), false, true, uint64(0x55))
-	f.Add(false, int64(0), int64(0), int64(0), false, 0, int64(0), false, false, uint64(0))
-	f.Add(true, -s, int64(-1), int64(-2), false, -3, int64(-4), false, false, uint64(0))
-	f.Add(false, int64(math.MinInt64), int64(0), int64(0), false, math.MinInt, int64(0), false, false, uint64(0))
-	f.Fuzz(func(t *testing.T, hasDo bool, interval, base, cap int64, noRetry bool, maxRetries int, jitter int64, cancelOnUpdate, deadCtx bool, outcomes uint64) {
+	const s, us = time.Second, time.Microsecond
+	const maxD = math.MaxInt64
+	const alternate = 0x5555_5555_5555_5555 // success, failure, success, …
+	for _, seed := range []paramsInput{
+		{},
+		{Params: ControllerParams{RunInterval: s}},
+		{Params: ControllerParams{ErrorRetryBaseDuration: us}, Outcomes: 0x5555},
+		{Params: ControllerParams{ErrorRetryBaseDuration: 1, MaxRetryInterval: 1, Jitter: 1, CancelDoFuncOnUpdate: true}, Outcomes: math.MaxUint64},
+		{Params: ControllerParams{NoErrorRetry: true}, Outcomes: 0x55},
+		{Params: ControllerParams{ErrorRetryBaseDuration: s, MaxRetries: 3}, Outcomes: 0x5555},
+		{Params: ControllerParams{RunInterval: maxD, ErrorRetryBaseDuration: maxD, Jitter: maxD}, Outcomes: 0xe4},
+		{Params: ControllerParams{RunInterval: s, ErrorRetryBaseDuration: s}, DeadCtx: true, Outcomes: 0x55},
+		{NoDoFunc: true},
+		{Params: ControllerParams{RunInterval: -s, ErrorRetryBaseDuration: -1, MaxRetryInterval: -2, MaxRetries: -3, Jitter: -4, RunTimeout: -5}},
+		{Params: ControllerParams{RunInterval: math.MinInt64, MaxRetries: math.MinInt}, NoDoFunc: true},
+		{Params: ControllerParams{RunInterval: s, RunTimeout: s, Group: NewGroup("g")}, Outcomes: 0x1b},
+		// A dead Context parks the controller after its first run.
+		{Params: ControllerParams{RunInterval: 1, ErrorRetryBaseDuration: 1}, DeadCtx: true, Outcomes: 1},
+		// Every field negative, and no DoFunc.
+		{Params: ControllerParams{RunInterval: math.MinInt64, ErrorRetryBaseDuration: -1, MaxRetryInterval: -1, NoErrorRetry: true,
+			MaxRetries: math.MinInt, Jitter: -1, CancelDoFuncOnUpdate: true, RunTimeout: -1}, NoDoFunc: true, DeadCtx: true},
+		// Huge durations do not overflow.
+		{Params: ControllerParams{RunInterval: maxD - 1, ErrorRetryBaseDuration: maxD, MaxRetryInterval: maxD, Jitter: maxD, RunTimeout: maxD}, Outcomes: math.MaxUint64},
+		// MaxRetries, then the interval.
+		{Params: ControllerParams{RunInterval: 1000, ErrorRetryBaseDuration: 1, MaxRetries: 2}, Outcomes: alternate},
+		// A nanosecond retry, always failing.
+		{Params: ControllerParams{ErrorRetryBaseDuration: 1, Jitter: 1, CancelDoFuncOnUpdate: true}, Outcomes: alternate},
+		// No retry and no interval: the controller waits for an update.
+		{Params: ControllerParams{ErrorRetryBaseDuration: 1, MaxRetryInterval: 1, NoErrorRetry: true}, Outcomes: 1},
+	} {
+		f.Add(encodeFuzz(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := decodeFuzz(data, new(paramsInput))
 		// Atomics: a run at the very instant a Sleep of the test ends
 		// runs alongside it.
 		var runs, stops atomic.Int64
-		// Run i ends as outcomes' bits 2i and 2i+1 say: success, failure,
+		// Run i ends as Outcomes' bits 2i and 2i+1 say: success, failure,
 		// exit, or a panic.
 		do := func(ctx context.Context) error {
 			r := runs.Add(1) - 1
-			switch (outcomes >> (2 * (r % 32))) & 3 {
+			switch (in.Outcomes >> (2 * (r % 32))) & 3 {
 			case 1:
 				return errBoom
 			case 2:
@@ -92,41 +146,40 @@ func FuzzParams(f *testing.F) {
 			}
 			return nil
 		}
-		p := ControllerParams{
-			RunInterval:            time.Duration(interval),
-			ErrorRetryBaseDuration: time.Duration(base),
-			MaxRetryInterval:       time.Duration(cap),
-			NoErrorRetry:           noRetry,
-			MaxRetries:             maxRetries,
-			Jitter:                 time.Duration(jitter),
-			CancelDoFuncOnUpdate:   cancelOnUpdate,
-			StopFunc:               func(context.Context) error { stops.Add(1); return nil },
-		}
-		if hasDo {
+		p := in.Params
+		p.StopFunc = func(context.Context) error { stops.Add(1); return nil }
+		if !in.NoDoFunc {
 			p.DoFunc = do
 		}
 
+		// Validate names every negative duration or count, whatever its
+		// field: a field added to ControllerParams is checked too.
 		err := p.Validate()
-		fields := []struct {
-			name     string
-			value    any
-			negative bool
-		}{
-			{"RunInterval", p.RunInterval, interval < 0},
-			{"ErrorRetryBaseDuration", p.ErrorRetryBaseDuration, base < 0},
-			{"MaxRetryInterval", p.MaxRetryInterval, cap < 0},
-			{"Jitter", p.Jitter, jitter < 0},
-			{"MaxRetries", p.MaxRetries, maxRetries < 0},
-		}
-		valid := hasDo
-		for _, fl := range fields {
-			valid = valid && !fl.negative
-			if named := err != nil && strings.Contains(err.Error(), fmt.Sprintf("%s must not be negative, got %v", fl.name, fl.value)); named != fl.negative {
-				t.Fatalf("Validate() = %v: names %s (%v): %v, want %v", err, fl.name, fl.value, named, fl.negative)
+		valid := !in.NoDoFunc
+		pv := reflect.ValueOf(p)
+		for i := range pv.NumField() {
+			field := pv.Field(i)
+			if k := field.Kind(); k != reflect.Int && k != reflect.Int64 {
+				continue
+			}
+			name, negative := pv.Type().Field(i).Name, field.Int() < 0
+			valid = valid && !negative
+			if named := err != nil && strings.Contains(err.Error(), fmt.Sprintf("%s must not be negative, got %v", name, field.Interface())); named != negative {
+				t.Fatalf("Validate() = %v: names %s (%v): %v, want %v", err, name, field.Interface(), named, negative)
 			}
 		}
-		if named := err != nil && strings.Contains(err.Error(), "DoFunc must not be nil"); named != !hasDo {
-			t.Fatalf("Validate() = %v with a DoFunc: %v", err, hasDo)
+		badBackoff := p.Backoff > ConstantBackoff
+		valid = valid && !badBackoff
+		if named := err != nil && strings.Contains(err.Error(), fmt.Sprintf("Backoff must be LinearBackoff, ExponentialBackoff or ConstantBackoff, got Backoff(%d)", p.Backoff)); named != badBackoff {
+			t.Fatalf("Validate() = %v for the backoff %v", err, p.Backoff)
+		}
+		badGroup := !utf8.ValidString(p.Group.Name)
+		valid = valid && !badGroup
+		if named := err != nil && strings.Contains(err.Error(), "Group.Name must be valid UTF-8"); named != badGroup {
+			t.Fatalf("Validate() = %v for the group %q", err, p.Group.Name)
+		}
+		if named := err != nil && strings.Contains(err.Error(), "DoFunc must not be nil"); named != in.NoDoFunc {
+			t.Fatalf("Validate() = %v without a DoFunc: %v", err, in.NoDoFunc)
 		}
 		if (err == nil) != valid || (err != nil && !errors.Is(err, ErrInvalidParams)) {
 			t.Fatalf("Validate() = %v for parameters that are valid: %v", err, valid)
@@ -134,7 +187,7 @@ func FuzzParams(f *testing.F) {
 
 		window, bound := runBound(p)
 		synctest.Test(t, func(t *testing.T) {
-			if deadCtx {
+			if in.DeadCtx {
 				ctx, cancel := context.WithCancel(context.Background())
 				cancel()
 				p.Context = ctx
@@ -151,7 +204,8 @@ func FuzzParams(f *testing.F) {
 				require.Equal(t, 1, c.GetFailureCount())
 				require.EqualError(t, c.GetLastError(), err.Error(), "it parks with Validate's error")
 				require.Equal(t, []string{"degraded fuzzed: " + err.Error()}, h.all())
-				require.ErrorContains(t, e.m.Health(), err.Error())
+				require.ErrorContains(t, e.m.Health(), oneLine(err.Error()))
+				require.ErrorIs(t, e.m.Health(), ErrInvalidParams)
 				require.Equal(t, 1.0, testutil.ToFloat64(e.metrics.failing))
 			}
 			time.Sleep(window)

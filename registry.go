@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -58,7 +59,7 @@ func GetGlobalStatus() ControllerStatuses {
 		m.mu.Unlock()
 	}
 	slices.SortFunc(cs, compareController)
-	return statusesOf(cs, formatUUIDs(cs))
+	return statusesOf(cs, formatUUIDs(cs), time.Now().UnixNano())
 }
 
 // installedLocked appends m's installed controllers to cs, in no order.
@@ -78,15 +79,15 @@ func compareController(a, b *Controller) int {
 	return bytes.Compare(a.uuid[:], b.uuid[:])
 }
 
-// statusesOf returns the statuses of cs, in their order, in a constant
-// number of allocations; uuids is formatUUIDs(cs).
-func statusesOf(cs []*Controller, uuids string) ControllerStatuses {
+// statusesOf returns the statuses of cs at now (Unix nanoseconds), in their
+// order, in a constant number of allocations; uuids is formatUUIDs(cs).
+func statusesOf(cs []*Controller, uuids string, now int64) ControllerStatuses {
 	out := make(ControllerStatuses, len(cs))
 	ss := make([]ControllerStatus, len(cs))
 	cfgs := make([]ControllerStatusConfiguration, len(cs))
 	sts := make([]ControllerStatusStatus, len(cs))
 	for i, c := range cs {
-		c.fillStatus(&ss[i], &cfgs[i], &sts[i], uuids[i*36:(i+1)*36])
+		c.fillStatus(&ss[i], &cfgs[i], &sts[i], uuids[i*36:(i+1)*36], now)
 		out[i] = &ss[i]
 	}
 	return out

@@ -3,7 +3,7 @@
 package controller
 
 import (
-	"fmt"
+	"context"
 	"runtime/debug"
 	"time"
 )
@@ -11,21 +11,23 @@ import (
 // reportInvalid logs invalid parameters and tells their HealthReporter,
 // from the controller's goroutine.
 func (c *Controller) reportInvalid(inv *invalidParams) {
-	c.logInvalid(inv.err)
+	ctx := inv.params.Context
+	c.logInvalid(ctx, inv.err)
 	if inv.params.Health != nil {
-		c.reportHealth(inv.params.Health, inv.err)
+		c.reportHealth(ctx, inv.params.Health, inv.err)
 	}
 }
 
-func (c *Controller) logInvalid(err error) {
-	c.log(&logLine{level: levelError, msg: "invalid controller parameters; DoFunc will not run until an update brings valid ones", err: err})
+func (c *Controller) logInvalid(ctx context.Context, err error) {
+	c.log(&logLine{ctx: ctx, level: levelError, msg: "invalid controller parameters; DoFunc will not run until an update brings valid ones", err: err})
 }
 
-func (c *Controller) logStopFailure(err error, stack []byte) {
+// logStopFailure logs a StopFunc's failure; ctx is the StopFunc's.
+func (c *Controller) logStopFailure(ctx context.Context, err error, stack []byte) {
 	if stack != nil {
-		c.log(&logLine{level: levelError, msg: "StopFunc panicked", err: err, stack: stack})
+		c.log(&logLine{ctx: ctx, level: levelError, msg: "StopFunc panicked", err: err, stack: stack})
 	} else {
-		c.log(&logLine{level: levelWarn, msg: "StopFunc failed", err: err})
+		c.log(&logLine{ctx: ctx, level: levelWarn, msg: "StopFunc failed", err: err})
 	}
 }
 
@@ -38,47 +40,48 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 	}
 	if l.health != nil {
 		if o == outcomeFailure {
-			c.reportHealth(l.health, err)
+			c.reportHealth(l.runCtx, l.health, err)
 		} else {
-			c.reportHealth(l.health, nil)
+			c.reportHealth(l.runCtx, l.health, nil)
 		}
 	}
 	if ev.any() || c.mgr.sink.enabled(levelDebug) {
-		c.logRun(o, err, ev, stack, l.step, took)
+		c.logRun(l.runCtx, o, err, ev, stack, l.step, took)
 	}
 }
 
 // logRun logs what a run changed: at Debug every run, at Warn the start of
 // a failure streak and a new message within one, at Info a recovery and
-// giving up, at Error a panic (once per streak or message).
+// giving up, at Error a panic (once per streak or message). ctx is the
+// run's context, which the handler gets.
 //
 //go:noinline
-func (c *Controller) logRun(o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
+func (c *Controller) logRun(ctx context.Context, o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
 	if c.mgr.sink.enabled(levelDebug) {
-		c.log(&logLine{level: levelDebug, msg: "controller run", err: err, duration: took, timed: true, outcome: outcomeNames[o]})
+		c.log(&logLine{ctx: ctx, level: levelDebug, msg: "controller run", err: err, duration: took, timed: true, outcome: o.String()})
 	}
 	switch {
 	case stack != nil && (ev.streakStart || ev.msgChanged):
-		c.log(&logLine{level: levelError, msg: "DoFunc panicked", err: err, stack: stack})
+		c.log(&logLine{ctx: ctx, level: levelError, msg: "DoFunc panicked", err: err, stack: stack})
 	case ev.streakStart:
-		c.log(&logLine{level: levelWarn, msg: "controller failed; retrying", err: err})
+		c.log(&logLine{ctx: ctx, level: levelWarn, msg: "controller failed; retrying", err: err})
 	case ev.msgChanged:
-		c.log(&logLine{level: levelWarn, msg: "controller still failing with a new error", err: err})
+		c.log(&logLine{ctx: ctx, level: levelWarn, msg: "controller still failing with a new error", err: err})
 	case ev.recoveredAfter > 0:
-		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("recovered after %d consecutive failures", ev.recoveredAfter)})
+		c.log(&logLine{ctx: ctx, level: levelInfo, msg: "recovered after " + count(ev.recoveredAfter, "consecutive failure")})
 	}
 	if ev.gaveUp {
-		c.log(&logLine{level: levelInfo, msg: fmt.Sprintf("giving up retrying after %d failures; next run on an update, a trigger or the RunInterval", step), err: err})
+		c.log(&logLine{ctx: ctx, level: levelInfo, msg: "giving up retrying after " + count(step, "failure") + "; next run on an update, a trigger or the RunInterval", err: err})
 	}
 }
 
-var outcomeNames = [...]string{outcomeSuccess: "success", outcomeExit: "exit", outcomeFailure: "failure"}
-
-// reportHealth calls h.OK (err nil) or h.Degraded, recovering a panic.
-func (c *Controller) reportHealth(h HealthReporter, err error) {
+// reportHealth calls h.OK (err nil) or h.Degraded, recovering a panic;
+// ctx is the context of the run, StopFunc or parameters it reports on,
+// for the log.
+func (c *Controller) reportHealth(ctx context.Context, h HealthReporter, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			c.logHealthPanic(r)
+			c.logHealthPanic(ctx, r)
 		}
 	}()
 	if err == nil {
@@ -88,8 +91,8 @@ func (c *Controller) reportHealth(h HealthReporter, err error) {
 	}
 }
 
-func (c *Controller) logHealthPanic(r any) {
-	c.log(&logLine{level: levelError, msg: "HealthReporter panicked", panicked: r, hasPanic: true, stack: debug.Stack()})
+func (c *Controller) logHealthPanic(ctx context.Context, r any) {
+	c.log(&logLine{ctx: ctx, level: levelError, msg: "HealthReporter panicked", panicked: r, hasPanic: true, stack: debug.Stack()})
 }
 
 // log writes line to the controller's sink, which it builds on first use.

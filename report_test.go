@@ -65,8 +65,8 @@ func TestWarnOnChangedErrorWithinStreak(t *testing.T) {
 	})
 }
 
-// Logging: every controller's entry carries subsys, name and uuid; Debug
-// logs every run with its duration and outcome.
+// Logging: every controller's entry carries subsys, controller.name and
+// controller.uuid; Debug logs every run with its duration and outcome.
 func TestLogFieldsAndDebug(t *testing.T) {
 	forEachSink(t, func(t *testing.T, sink string) {
 		synctest.Test(t, func(t *testing.T) {
@@ -80,8 +80,8 @@ func TestLogFieldsAndDebug(t *testing.T) {
 			var debug []*logrus.Entry
 			for _, en := range e.hook.AllEntries() {
 				assert.Equal(t, "controller", en.Data["subsys"])
-				assert.Equal(t, "c", en.Data["name"])
-				assert.Equal(t, c.UUID(), en.Data["uuid"])
+				assert.Equal(t, "c", en.Data["controller.name"])
+				assert.Equal(t, c.UUID(), en.Data["controller.uuid"])
 				if en.Level == logrus.DebugLevel {
 					debug = append(debug, en)
 				}

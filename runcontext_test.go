@@ -65,8 +65,8 @@ func TestUpdateWithNewContextCancelsRunningDoFunc(t *testing.T) {
 
 // Without params.Context, DoFunc's context behaves as a context.WithCancel
 // of Background would: no deadline or values, cancelled on removal, and
-// children, AfterFunc and Cause work, whether Done was asked before the
-// cancellation or not.
+// children, AfterFunc and Cause (the removal's) work, whether Done was
+// asked before the cancellation or not.
 func TestRunContextWithoutParent(t *testing.T) {
 	for _, doneFirst := range []bool{true, false} {
 		t.Run(fmt.Sprintf("Done asked first: %v", doneFirst), func(t *testing.T) {
@@ -90,11 +90,11 @@ func TestRunContextWithoutParent(t *testing.T) {
 				_, has := ctx.Deadline()
 				assert.False(t, has)
 				assert.Nil(t, ctx.Value(key{}))
-				assert.Equal(t, "controller.runContext", fmt.Sprint(ctx))
+				assert.Equal(t, "controller.lazyCtx", fmt.Sprint(ctx))
 				require.NoError(t, e.m.RemoveControllerAndWait("c"))
 
 				assert.ErrorIs(t, ctx.Err(), context.Canceled)
-				assert.ErrorIs(t, context.Cause(ctx), context.Canceled)
+				assert.ErrorIs(t, context.Cause(ctx), ErrControllerRemoved)
 				select {
 				case <-ctx.Done():
 				default:
@@ -153,16 +153,16 @@ func TestRunContextReplacedAfterCancel(t *testing.T) {
 // Err returns nil" while it is being cancelled: between its flag and the
 // closing of the channel Done returned. The test stops it in that state.
 func TestRunContextErrNotBeforeDone(t *testing.T) {
-	rc := &runContext{}
+	rc := &lazyCtx{}
 	done := rc.Done()
-	rc.cancelled.Store(true) // cancel has set its flag, not yet closed the channel
+	rc.cancelled.Store(uint32(causeRemoved)) // cancel has set its flag, not yet closed the channel
 	select {
 	case <-done:
 		t.Fatal("Done closed")
 	default:
 	}
 	assert.NoError(t, rc.Err())
-	rc.cancel()
+	rc.cancel(causeRemoved)
 	<-done
 	assert.ErrorIs(t, rc.Err(), context.Canceled)
 }

@@ -8,12 +8,9 @@ import (
 	"time"
 )
 
-// The formula computed here is rule 4 of the package documentation:
-//
-//	wait(n) = min(n × ErrorRetryBaseDuration, MaxRetryInterval) + random[0, Jitter)
-//
-// e.g. with the defaults, waits of 1s, 2s, 3s, … after the 1st, 2nd, 3rd, …
-// failure in a row.
+// nextWait computes rule 4 of the package documentation (doc.go), where
+// the retry formula, its defaults and a sample sequence are stated; they
+// are not restated here.
 
 // defaultErrorRetryBase is the retry unit when ErrorRetryBaseDuration is 0.
 const defaultErrorRetryBase = time.Second
@@ -25,15 +22,6 @@ func (p *ControllerParams) retryBase() time.Duration {
 	}
 	return p.ErrorRetryBaseDuration
 }
-
-// outcome is how a run ended, as far as scheduling is concerned.
-type outcome uint8
-
-const (
-	outcomeSuccess outcome = iota // DoFunc returned nil
-	outcomeExit                   // an ExitReason, or an error after cancellation
-	outcomeFailure                // any other error, or a panic
-)
 
 // nextWait decides what the run loop does after a run that ended with o.
 // step is the retry step after this run: the number of failures since the
@@ -59,12 +47,13 @@ func nextWait(o outcome, p *ControllerParams, step int, jitter time.Duration) (t
 	return 0, false
 }
 
-// retryWait is min(step × base, cap), saturating instead of overflowing.
+// retryWait is the retry wait of rule 4 before the jitter, saturating
+// instead of overflowing.
 func retryWait(p *ControllerParams, step int) time.Duration {
 	if step < 1 {
 		step = 1
 	}
-	w := saturatingMul(p.retryBase(), step)
+	w := p.Backoff.wait(p.retryBase(), step)
 	if p.MaxRetryInterval > 0 && w > p.MaxRetryInterval {
 		w = p.MaxRetryInterval
 	}

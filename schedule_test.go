@@ -53,6 +53,17 @@ func TestNextWait(t *testing.T) {
 		{"huge interval plus jitter saturates", outcomeSuccess, ControllerParams{RunInterval: maxD - 1, Jitter: time.Hour}, 0, time.Minute, want{maxD, true}},
 		{"huge cap keeps the product", outcomeFailure, ControllerParams{ErrorRetryBaseDuration: time.Hour, MaxRetryInterval: maxD}, 3, 0, want{3 * time.Hour, true}},
 		{"negative durations count as zero", outcomeFailure, ControllerParams{ErrorRetryBaseDuration: -1, MaxRetryInterval: -1}, 2, -5, want{2 * time.Second, true}},
+		{"exponential, first failure", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff}, 1, 0, want{time.Second, true}},
+		{"exponential, fourth failure: base × 2^3", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 100 * time.Millisecond}, 4, 0, want{800 * time.Millisecond, true}},
+		{"exponential capped", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: 10 * time.Second}, 5, 0, want{10 * time.Second, true}},
+		{"exponential, capped, then jittered", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: 10 * time.Second, Jitter: time.Second}, 9, 300 * time.Millisecond, want{10300 * time.Millisecond, true}},
+		{"exponential saturates at step 64", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}, 64, 0, want{maxD, true}},
+		{"exponential just below saturating", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}, 63, 0, want{1 << 62, true}},
+		{"exponential with a huge step saturates", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff}, math.MaxInt, 0, want{maxD, true}},
+		{"exponential gives up at MaxRetries", outcomeFailure, ControllerParams{Backoff: ExponentialBackoff, MaxRetries: 3}, 3, 0, never},
+		{"constant, any failure", outcomeFailure, ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 3 * time.Second}, 50, 0, want{3 * time.Second, true}},
+		{"constant capped", outcomeFailure, ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 3 * time.Second, MaxRetryInterval: 2 * time.Second}, 1, 0, want{2 * time.Second, true}},
+		{"a policy after success changes nothing", outcomeSuccess, ControllerParams{Backoff: ExponentialBackoff, RunInterval: 5 * time.Second}, 0, 0, want{5 * time.Second, true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,66 +73,91 @@ func TestNextWait(t *testing.T) {
 	}
 }
 
+// scheduleInput is FuzzSchedule's input, decoded by decodeFuzz.
+type scheduleInput struct {
+	Params  ControllerParams
+	Outcome uint8 // modulo 3: an outcome
+	Step    int
+	Jitter  int64 // the sample, reduced into [0, Params.Jitter)
+}
+
 // FuzzSchedule checks nextWait, the pure decision of what a controller
-// waits for after a run, against rule 4 of the package doc, computed independently with
-// big integers, for any outcome, step and parameters (negative ones
-// included: nextWait counts them as 0, though Validate rejects them).
+// waits for after a run, against rule 4 of the package doc, computed
+// independently with big integers, for any outcome, step and parameters
+// (negative ones included: nextWait counts them as 0, though Validate
+// rejects them).
 func FuzzSchedule(f *testing.F) {
 	const maxD = math.MaxInt64
-	s := int64(time.Second)
-	//     outcome step  interval base  cap   noRetry maxRetries jitterMax jitter
-	f.Add(uint8(0), 0, int64(0), int64(0), int64(0), false, 0, int64(0), int64(0))
-	f.Add(uint8(0), 0, 5*s, int64(0), int64(0), false, 0, s, s/3)
-	f.Add(uint8(1), 0, 5*s, int64(0), int64(0), false, 0, int64(0), int64(0))
-	f.Add(uint8(2), 1, int64(0), int64(0), int64(0), false, 0, int64(0), int64(0))
-	f.Add(uint8(2), 7, int64(0), int64(0), 3*s, false, 0, s, s-1)
-	f.Add(uint8(2), 3, int64(0), int64(0), int64(0), false, 3, int64(0), int64(0))
-	f.Add(uint8(2), 4, 60*s, int64(0), int64(0), false, 3, int64(0), int64(0))
-	f.Add(uint8(2), 1, 10*s, int64(0), int64(0), true, 0, int64(0), int64(0))
-	f.Add(uint8(2), math.MaxInt, int64(0), int64(0), int64(0), false, 0, int64(0), int64(0))
-	f.Add(uint8(2), 3, int64(0), int64(maxD/2), int64(0), false, 0, int64(time.Hour), int64(time.Minute))
-	f.Add(uint8(2), 2, int64(0), int64(-1), int64(-1), false, -5, int64(-7), int64(-5))
-	f.Add(uint8(0), 0, int64(maxD-1), int64(0), int64(0), false, 0, int64(maxD), int64(maxD-1))
-	f.Add(uint8(2), -3, int64(0), int64(time.Millisecond), int64(maxD), false, math.MinInt, int64(0), int64(0))
-	f.Fuzz(func(t *testing.T, o uint8, step int, interval, base, cap int64, noRetry bool, maxRetries int, jitterMax, jitter int64) {
-		p := ControllerParams{
-			RunInterval:            time.Duration(interval),
-			ErrorRetryBaseDuration: time.Duration(base),
-			MaxRetryInterval:       time.Duration(cap),
-			NoErrorRetry:           noRetry,
-			MaxRetries:             maxRetries,
-			Jitter:                 time.Duration(jitterMax),
-		}
-		oc := outcome(o % 3)
+	const s = time.Second
+	for _, seed := range []scheduleInput{
+		{Outcome: uint8(outcomeSuccess)},
+		{Outcome: uint8(outcomeSuccess), Params: ControllerParams{RunInterval: 5 * s, Jitter: s}, Jitter: int64(s / 3)},
+		{Outcome: uint8(outcomeExit), Params: ControllerParams{RunInterval: 5 * s}},
+		{Outcome: uint8(outcomeFailure), Step: 1},
+		{Outcome: uint8(outcomeFailure), Step: 7, Params: ControllerParams{MaxRetryInterval: 3 * s, Jitter: s}, Jitter: int64(s - 1)},
+		{Outcome: uint8(outcomeFailure), Step: 3, Params: ControllerParams{MaxRetries: 3}},
+		{Outcome: uint8(outcomeFailure), Step: 4, Params: ControllerParams{RunInterval: 60 * s, MaxRetries: 3}},
+		{Outcome: uint8(outcomeFailure), Step: 1, Params: ControllerParams{RunInterval: 10 * s, NoErrorRetry: true}},
+		{Outcome: uint8(outcomeFailure), Step: math.MaxInt},
+		{Outcome: uint8(outcomeFailure), Step: 3, Params: ControllerParams{ErrorRetryBaseDuration: maxD / 2, Jitter: time.Hour}, Jitter: int64(time.Minute)},
+		{Outcome: uint8(outcomeFailure), Step: 2, Params: ControllerParams{ErrorRetryBaseDuration: -1, MaxRetryInterval: -1, MaxRetries: -5, Jitter: -7}, Jitter: -5},
+		{Outcome: uint8(outcomeSuccess), Params: ControllerParams{RunInterval: maxD - 1, Jitter: maxD}, Jitter: maxD - 1},
+		{Outcome: uint8(outcomeFailure), Step: -3, Params: ControllerParams{ErrorRetryBaseDuration: time.Millisecond, MaxRetryInterval: maxD, MaxRetries: math.MinInt}},
+		// The cap plus the jitter saturates.
+		{Outcome: uint8(outcomeFailure), Step: 5, Params: ControllerParams{MaxRetryInterval: maxD, Jitter: maxD}, Jitter: -1},
+		// The last retry before MaxRetries.
+		{Outcome: uint8(outcomeFailure), Step: 2, Params: ControllerParams{RunInterval: 1, ErrorRetryBaseDuration: time.Hour, MaxRetries: 3}},
+		// A negative step counts as one.
+		{Outcome: uint8(outcomeFailure), Step: math.MinInt, Params: ControllerParams{ErrorRetryBaseDuration: 7, MaxRetryInterval: 5, MaxRetries: -1, Jitter: 3}, Jitter: 2},
+		// The largest step saturates.
+		{Outcome: uint8(outcomeFailure), Step: math.MaxInt, Params: ControllerParams{ErrorRetryBaseDuration: 1000}},
+		// Every policy, around where the exponential one saturates.
+		{Outcome: uint8(outcomeFailure), Step: 4, Params: ControllerParams{Backoff: ExponentialBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 34, Params: ControllerParams{Backoff: ExponentialBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 35, Params: ControllerParams{Backoff: ExponentialBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 63, Params: ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}},
+		{Outcome: uint8(outcomeFailure), Step: 64, Params: ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: 1}},
+		{Outcome: uint8(outcomeFailure), Step: math.MaxInt, Params: ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: time.Minute, Jitter: s}, Jitter: 7},
+		{Outcome: uint8(outcomeFailure), Step: 2, Params: ControllerParams{Backoff: ExponentialBackoff, ErrorRetryBaseDuration: maxD/2 + 1}},
+		{Outcome: uint8(outcomeFailure), Step: 9, Params: ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 3 * s, MaxRetryInterval: 2 * s}},
+		{Outcome: uint8(outcomeFailure), Step: math.MaxInt, Params: ControllerParams{Backoff: ConstantBackoff}},
+		{Outcome: uint8(outcomeFailure), Step: 5, Params: ControllerParams{Backoff: 200}},
+	} {
+		f.Add(encodeFuzz(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := decodeFuzz(data, new(scheduleInput))
+		p := in.Params
+		oc := outcome(in.Outcome % 3)
 		// The run loop draws the jitter from [0, Jitter); so does this.
 		j := time.Duration(0)
-		if jitterMax > 0 {
-			j = time.Duration(uint64(jitter) % uint64(jitterMax))
+		if p.Jitter > 0 {
+			j = time.Duration(uint64(in.Jitter) % uint64(p.Jitter))
 		}
 
-		wait, timed := nextWait(oc, &p, step, j)
-		wantWait, wantTimed := referenceWait(oc, p, step, j)
+		wait, timed := nextWait(oc, &p, in.Step, j)
+		wantWait, wantTimed := referenceWait(oc, p, in.Step, j)
 		if wait != wantWait || timed != wantTimed {
 			t.Fatalf("nextWait(%s, %+v, step %d, jitter %v) = %v, %v; rule 4 gives %v, %v",
-				outcomeNames[oc], p, step, j, wait, timed, wantWait, wantTimed)
+				oc, p, in.Step, j, wait, timed, wantWait, wantTimed)
 		}
 		if wait < 0 || (!timed && wait != 0) {
 			t.Fatalf("nextWait = %v, %v: negative, or a wait without a timer", wait, timed)
 		}
-		retrying := oc == outcomeFailure && !noRetry && (maxRetries <= 0 || step < maxRetries)
-		if retrying && cap > 0 {
-			limit := saturatingAdd(time.Duration(cap), max(p.Jitter-1, 0))
+		retrying := oc == outcomeFailure && !p.NoErrorRetry && (p.MaxRetries <= 0 || in.Step < p.MaxRetries)
+		if retrying && p.MaxRetryInterval > 0 {
+			limit := saturatingAdd(p.MaxRetryInterval, max(p.Jitter-1, 0))
 			if wait > limit {
-				t.Fatalf("retry wait %v above the cap %v plus the jitter bound %v", wait, time.Duration(cap), p.Jitter)
+				t.Fatalf("retry wait %v above the cap %v plus the jitter bound %v", wait, p.MaxRetryInterval, p.Jitter)
 			}
 		}
 		// Non-decreasing in the step, as long as the controller retries:
 		// once the step reaches MaxRetries the wait is RunInterval or
 		// none, which may well be shorter (rule 4).
-		if step < math.MaxInt && retrying && (maxRetries <= 0 || step+1 < maxRetries) {
-			next, _ := nextWait(oc, &p, step+1, j)
+		if in.Step < math.MaxInt && retrying && (p.MaxRetries <= 0 || in.Step+1 < p.MaxRetries) {
+			next, _ := nextWait(oc, &p, in.Step+1, j)
 			if next < wait {
-				t.Fatalf("the retry wait went down from %v at step %d to %v at step %d", wait, step, next, step+1)
+				t.Fatalf("the retry wait went down from %v at step %d to %v at step %d", wait, in.Step, next, in.Step+1)
 			}
 		}
 	})
@@ -156,7 +192,18 @@ func referenceWait(o outcome, p ControllerParams, step int, jitter time.Duration
 	if p.ErrorRetryBaseDuration > 0 {
 		unit = big.NewInt(int64(p.ErrorRetryBaseDuration))
 	}
-	w := new(big.Int).Mul(big.NewInt(int64(max(step, 1))), unit)
+	n := int64(max(step, 1))
+	var w *big.Int
+	switch p.Backoff {
+	case ExponentialBackoff: // unit × 2^(n−1)
+		// Past 2^64, any unit of at least 1ns is past the largest
+		// Duration; the shift stays small enough to compute.
+		w = new(big.Int).Lsh(unit, uint(min(n-1, 64)))
+	case ConstantBackoff: // unit
+		w = new(big.Int).Set(unit)
+	default: // n × unit: linear, and a value that is no policy
+		w = new(big.Int).Mul(big.NewInt(n), unit)
+	}
 	if p.MaxRetryInterval > 0 && w.Cmp(nonNeg(p.MaxRetryInterval)) > 0 {
 		w = nonNeg(p.MaxRetryInterval)
 	}
@@ -328,6 +375,27 @@ func TestSchedule(t *testing.T) {
 		results: []error{errBoom}, wait: 4 * time.Second,
 		poke: "update", atPoke: secs(0, 1, 3), then: 4*time.Second + time.Millisecond,
 		want: secs(0, 1, 3, 4, 5, 7),
+	}, {
+		name:    "ExponentialBackoff doubles the wait: 0s, 1s, 3s, 7s, 15s",
+		p:       ControllerParams{Backoff: ExponentialBackoff},
+		results: []error{errBoom}, wait: 15*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 7, 15),
+	}, {
+		name:    "ExponentialBackoff capped by MaxRetryInterval: waits of 1s, 2s, 4s, 5s, 5s",
+		p:       ControllerParams{Backoff: ExponentialBackoff, MaxRetryInterval: 5 * time.Second},
+		results: []error{errBoom}, wait: 17*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 7, 12, 17),
+	}, {
+		name:    "an update restarts ExponentialBackoff at the base",
+		p:       ControllerParams{Backoff: ExponentialBackoff},
+		results: []error{errBoom}, wait: 8 * time.Second,
+		poke: "update", atPoke: secs(0, 1, 3, 7), then: 3*time.Second + time.Millisecond,
+		want: secs(0, 1, 3, 7, 8, 9, 11),
+	}, {
+		name:    "ConstantBackoff retries every base: 0s, 2s, 4s, 6s",
+		p:       ControllerParams{Backoff: ConstantBackoff, ErrorRetryBaseDuration: 2 * time.Second},
+		results: []error{errBoom}, wait: 6*time.Second + time.Millisecond,
+		want: secs(0, 2, 4, 6),
 	}, {
 		name:    "a trigger while waiting runs at once and keeps the retry step",
 		results: []error{errBoom}, wait: 4 * time.Second,

@@ -1,11 +1,10 @@
-// status.go: the status model (Cilium's JSON), FormatStatus and Health.
+// status.go: the status model (Cilium's JSON) and FormatStatus.
 
 package controller
 
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -86,6 +85,10 @@ type ControllerStatus struct {
 type ControllerStatusConfiguration struct {
 	// ErrorRetry is !NoErrorRetry.
 	ErrorRetry bool `json:"error-retry"`
+	// Backoff is the retry backoff policy; left out when linear (the
+	// default, and Cilium's), so that the default JSON stays Cilium's.
+	// Beside ErrorRetry, it takes no room of its own in a status.
+	Backoff Backoff `json:"backoff,omitzero"`
 	// ErrorRetryBase is the effective ErrorRetryBaseDuration (1s when the
 	// parameter is 0).
 	ErrorRetryBase Duration `json:"error-retry-base"`
@@ -109,8 +112,11 @@ type ControllerStatusStatus struct {
 	SuccessCount            int64 `json:"success-count"`
 	FailureCount            int64 `json:"failure-count"`
 	ConsecutiveFailureCount int64 `json:"consecutive-failure-count"`
-	// LastFailureMsg is the last error: a failure's message, or the
-	// ExitReason of the last run. Empty after a plain success.
+	// LastFailureMsg is the last error: with a ConsecutiveFailureCount
+	// above 0, the last failure's message, recorded at
+	// LastFailureTimestamp; with 0, the ExitReason the last run ended with,
+	// at LastSuccessTimestamp (an exit counts as a success). Empty after a
+	// plain success.
 	LastFailureMsg       string    `json:"last-failure-msg"`
 	LastFailureTimestamp time.Time `json:"last-failure-timestamp,omitzero"`
 	LastSuccessTimestamp time.Time `json:"last-success-timestamp,omitzero"`
@@ -121,6 +127,11 @@ type ControllerStatusStatus struct {
 	// out, when none runs. A run that has lasted long is stuck: see
 	// [Manager.Health].
 	RunningSince *time.Time `json:"running-since,omitempty"`
+	// Stuck says that the DoFunc running when the status was taken had
+	// run longer than its limit: its RunTimeout, or, without one, the
+	// Manager's [WithStuckAfter] threshold. Left out when false. A stuck
+	// controller is not healthy (see the package documentation).
+	Stuck bool `json:"stuck,omitempty"`
 	// RemovedTimestamp is when the controller was removed; set only in
 	// the statuses of controllers still stopping
 	// ([Manager.GetStoppingStatus]), nil otherwise.
@@ -137,41 +148,73 @@ func (s *ControllerStatus) failing() bool {
 	return s.Status != nil && s.Status.ConsecutiveFailureCount > 0
 }
 
+// message returns the last error as a row shows it: one line, "no error"
+// when there is none, and marked "[exit reason] " when it is the ExitReason
+// of the last run rather than the last failure's message (see
+// LastFailureMsg), so that it is not read beside the last failure's time
+// as that failure's.
+func (st *ControllerStatusStatus) message() string {
+	if st.LastFailureMsg == "" {
+		return "no error"
+	}
+	return oneLine(st.markedMessage())
+}
+
+// markedMessage returns LastFailureMsg, after "[exit reason] " when it is
+// the ExitReason of the last run.
+func (st *ControllerStatusStatus) markedMessage() string {
+	if st.LastFailureMsg != "" && st.ConsecutiveFailureCount == 0 {
+		return "[exit reason] " + st.LastFailureMsg
+	}
+	return st.LastFailureMsg
+}
+
+// healthy reports whether the status is of a healthy controller: neither
+// failing nor stuck (health.go).
+func (s *ControllerStatus) healthy() bool {
+	return !s.failing() && (s.Status == nil || !s.Status.Stuck)
+}
+
 func compareStatus(a, b *ControllerStatus) int {
 	return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.UUID, b.UUID))
 }
 
 // FormatStatus writes a human-readable summary of statuses to w: a line
-// "Controller Status: <ok>/<total> healthy", then a table of every
-// controller when all is true, or of the failing ones only:
+// "Controller Status: <healthy>/<total> healthy", then a table of every
+// controller when all is true, or of those that are not healthy (failing
+// or stuck, as the package documentation defines them) only:
 //
-//	Controller Status: 2/3 healthy
+//	Controller Status: 1/3 healthy
 //	Name          Last success   Last error   Count   Message
 //	sync-to-k8s   never          3s ago       4       connection refused
+//	watch         never          never        0       [stuck, running 1h0m0s] no error
 //
 // Times read "never" or "<duration rounded to seconds> ago"; Count is the
 // number of consecutive failures; Message is the last error, or "no error",
-// after "[running 1m5s] " while a DoFunc runs, saying for how long.
+// or "[exit reason] <reason>" when the last run ended with an ExitReason
+// (at the last success's time, not the last error's); after "[running
+// 1m5s] " while a DoFunc runs, saying for how long, or "[stuck, running
+// 1h0m0s] " once it has run longer than its limit.
 // Rows are sorted by name, one per controller: a message or name that
 // spans lines (an [errors.Join] of several errors does) has its lines
 // joined with "; ", and its tabs made spaces. No table is written when it
 // would be empty. It returns the first error writing to w.
 func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 	rows := make(ControllerStatuses, 0, len(statuses))
-	total, failing := 0, 0
+	total, healthy := 0, 0
 	for _, s := range statuses {
 		if s == nil {
 			continue
 		}
 		total++
-		if s.failing() {
-			failing++
+		if s.healthy() {
+			healthy++
 		}
-		if all || s.failing() {
+		if all || !s.healthy() {
 			rows = append(rows, s)
 		}
 	}
-	if _, err := fmt.Fprintf(w, "Controller Status: %d/%d healthy\n", total-failing, total); err != nil {
+	if _, err := fmt.Fprintf(w, "Controller Status: %d/%d healthy\n", healthy, total); err != nil {
 		return err
 	}
 	if len(rows) == 0 {
@@ -186,11 +229,11 @@ func FormatStatus(w io.Writer, statuses ControllerStatuses, all bool) error {
 		if st == nil {
 			st = &ControllerStatusStatus{}
 		}
-		msg := oneLine(st.LastFailureMsg)
-		if msg == "" {
-			msg = "no error"
-		}
-		if st.RunningSince != nil {
+		msg := st.message()
+		switch {
+		case st.RunningSince != nil && st.Stuck:
+			msg = "[stuck, running " + since(now, *st.RunningSince) + "] " + msg
+		case st.RunningSince != nil:
 			msg = "[running " + since(now, *st.RunningSince) + "] " + msg
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", oneLine(s.Name),
@@ -232,84 +275,4 @@ func ago(now, t time.Time) string {
 // since formats the time from t to now, rounded to seconds.
 func since(now, t time.Time) string {
 	return max(now.Sub(t).Round(time.Second), 0).String()
-}
-
-// ErrRunStuck is wrapped by the error [Manager.Health] returns for a
-// controller whose DoFunc has run too long; check for it with errors.Is.
-var ErrRunStuck = errors.New("run stuck")
-
-// Health returns nil when none of the Manager's controllers is failing or
-// stuck, else one error per failing and per stuck controller, sorted by
-// name and joined with [errors.Join]. A failing one's names its
-// consecutive failures and wraps its last error; a stuck one's wraps
-// [ErrRunStuck] and says how long DoFunc has run, and the limit:
-//
-//	controller "sync-to-k8s": 4 consecutive failures: connection refused
-//	controller "watch": run stuck: DoFunc has run for 1h0m0s, over its RunTimeout of 30s
-//
-// A controller is failing when its consecutive failure count is above zero;
-// that is the same rule as [FormatStatus] and the controllers_failing
-// metric. It is stuck when its running DoFunc has run longer than its
-// RunTimeout, or, without one, than the Manager's [WithStuckAfter]
-// threshold (off by default). With a RunTimeout, DoFunc's context ended at
-// the timeout: a stuck DoFunc ignores it.
-func (m *Manager) Health() error {
-	m.mu.Lock()
-	cs := m.installedLocked(make([]*Controller, 0, len(m.controllers)))
-	m.mu.Unlock()
-	return healthOf(cs, time.Now())
-}
-
-// healthOf returns the Health of cs, each judged by its own Manager's
-// threshold, at now.
-func healthOf(cs []*Controller, now time.Time) error {
-	type unhealthy struct {
-		c   *Controller
-		err error
-	}
-	var us []unhealthy
-	for _, c := range cs {
-		if n, err := c.failure(); n > 0 {
-			us = append(us, unhealthy{c, fmt.Errorf("controller %q: %d consecutive failures: %w", c.name, n, err)})
-		}
-		if err := c.stuck(now); err != nil {
-			us = append(us, unhealthy{c, err})
-		}
-	}
-	if len(us) == 0 {
-		return nil
-	}
-	slices.SortStableFunc(us, func(a, b unhealthy) int { return compareController(a.c, b.c) })
-	errs := make([]error, len(us))
-	for i, u := range us {
-		errs[i] = u.err
-	}
-	return errors.Join(errs...)
-}
-
-// stuck returns the error Health reports for c when its running DoFunc
-// has run longer than its limit at now, else nil.
-func (c *Controller) stuck(now time.Time) error {
-	start, limit, what := c.runAndLimit()
-	if start == 0 {
-		return nil
-	}
-	ran := now.Sub(time.Unix(0, start))
-	if limit <= 0 || ran <= limit {
-		return nil
-	}
-	return fmt.Errorf("controller %q: %w: DoFunc has run for %s, over %s of %s", c.name, ErrRunStuck, ran.Round(time.Millisecond), what, limit)
-}
-
-// runAndLimit returns when c's running DoFunc started (0: none runs), how
-// long a run may last before Health reports it, and what sets that limit
-// (0: no limit).
-func (c *Controller) runAndLimit() (start int64, limit time.Duration, what string) {
-	c.mu.Lock()
-	start, timeout := c.runningSinceLocked(), c.params.RunTimeout
-	c.mu.Unlock()
-	if timeout > 0 {
-		return start, timeout, "its RunTimeout"
-	}
-	return start, c.mgr.stuckAfter, "the Manager's stuck threshold"
 }

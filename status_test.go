@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -57,12 +59,13 @@ func TestStatusJSON(t *testing.T) {
 func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 	st := &ControllerStatus{Name: "n", UUID: "u",
 		Configuration: &ControllerStatusConfiguration{ErrorRetry: false, ErrorRetryBase: Duration(time.Second), Interval: 0,
-			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second), RunTimeout: Duration(time.Hour)},
+			MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, Jitter: Duration(time.Second), RunTimeout: Duration(time.Hour),
+			Backoff: ConstantBackoff},
 		Status: &ControllerStatusStatus{RunningSince: new(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))}}
 	b, err := json.Marshal(st)
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"name":"n","uuid":"u","configuration":{"error-retry":false,"error-retry-base":"1s","interval":"0s",
-		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s","run-timeout":"1h0m0s"},
+		"max-retry-interval":"1m0s","max-retries":5,"jitter":"1s","run-timeout":"1h0m0s","backoff":"constant"},
 		"status":{"success-count":0,"failure-count":0,"consecutive-failure-count":0,"last-failure-msg":"",
 		"running-since":"2026-11-21T10:00:00Z"}}`, string(b))
 
@@ -75,6 +78,12 @@ func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 	assert.Error(t, json.Unmarshal([]byte(`[{"name":`), &sts))
 }
 
+// statusInput is FuzzStatusJSON's input, decoded by decodeFuzz.
+type statusInput struct {
+	Status ControllerStatus
+	Raw    []byte // fed to the decoders as it is
+}
+
 // FuzzStatusJSON: any status survives a JSON round trip unchanged, and any
 // input to the decoders gives a value or an error, never a panic.
 //
@@ -84,44 +93,67 @@ func TestStatusJSONFieldsOfCiliumAndExtras(t *testing.T) {
 // 3339 cannot write, makes Marshal fail with an error instead, which is
 // accepted (the library never records such a time: it takes time.Now()).
 func FuzzStatusJSON(f *testing.F) {
-	f.Add("sync-to-k8s", "6f1c0e2a-5b0e-4d8e-9a63-1c2d3e4f5a6b", "g", "connection refused",
-		true, true, true, int64(time.Second), int64(10*time.Second), int64(time.Minute), int64(5), int64(0),
-		int64(12), int64(1), int64(0), int64(1795263939), int64(500), int64(1795264000), int64(0), int64(1500*time.Millisecond), false,
-		[]byte(`{"name":"x","status":{"success-count":1}}`))
-	f.Add("", "", "", "", false, false, false, int64(0), int64(0), int64(0), int64(0), int64(0),
-		int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), true,
-		[]byte(`[{"name":`))
-	f.Add("ünïcödé ✓", "u", "", "exit: done", true, true, false, int64(math.MinInt64), int64(math.MaxInt64), int64(-1), int64(math.MinInt64), int64(1),
-		int64(math.MaxInt64), int64(math.MinInt64), int64(-1), int64(-62135596800), int64(0), int64(253402300799), int64(999999999), int64(math.MinInt64), false,
-		[]byte(`{"configuration":{"error-retry-base":12345,"interval":"1h"},"status":{"last-failure-timestamp":"2026-11-21T10:00:01+02:00"}}`))
-	f.Add("n", "u", "", "", true, true, false, int64(0), int64(0), int64(0), int64(0), int64(0),
-		int64(0), int64(0), int64(0), int64(math.MaxInt64), int64(0), int64(math.MinInt64), int64(0), int64(0), false,
-		[]byte(`{"configuration":{"interval":true}}`))
-	f.Fuzz(func(t *testing.T, name, uuid, group, msg string, hasCfg, hasStatus, errorRetry bool,
-		base, interval, maxRetryInterval, maxRetries, jitter int64,
-		successes, failures, consecutive, failSec, failNsec, okSec, okNsec, lastRun int64, zeroTimes bool, raw []byte) {
-		valid := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
-		st := &ControllerStatus{Name: valid(name), UUID: valid(uuid)}
-		if hasCfg {
-			st.Configuration = &ControllerStatusConfiguration{
-				ErrorRetry: errorRetry, ErrorRetryBase: Duration(base), Interval: Duration(interval),
-				Group: valid(group), MaxRetryInterval: Duration(maxRetryInterval), MaxRetries: maxRetries, Jitter: Duration(jitter),
-			}
-		}
+	at := func(sec, nsec int64) time.Time { return time.Unix(sec, nsec).UTC() }
+	full := func() statusInput {
+		running, removed := at(1795263999, 1), at(1795264001, 0)
+		return statusInput{Status: ControllerStatus{Name: "sync-to-k8s", UUID: "6f1c0e2a-5b0e-4d8e-9a63-1c2d3e4f5a6b",
+			Configuration: &ControllerStatusConfiguration{ErrorRetry: true, ErrorRetryBase: Duration(time.Second), Interval: Duration(10 * time.Second),
+				Group: "g", MaxRetryInterval: Duration(time.Minute), MaxRetries: 5, RunTimeout: Duration(time.Second), Backoff: ExponentialBackoff},
+			Status: &ControllerStatusStatus{SuccessCount: 12, FailureCount: 1, LastFailureMsg: "connection refused",
+				LastFailureTimestamp: at(1795263939, 500), LastSuccessTimestamp: at(1795264000, 0), LastRunDuration: Duration(1500 * time.Millisecond),
+				RunningSince: &running, RemovedTimestamp: &removed}},
+			Raw: []byte(`{"name":"x","status":{"success-count":1}}`)}
+	}
+	// small is the status most named seeds vary.
+	small := func(change func(*statusInput)) statusInput {
+		in := statusInput{Status: ControllerStatus{Name: "n", UUID: "u",
+			Configuration: &ControllerStatusConfiguration{ErrorRetry: true, ErrorRetryBase: Duration(time.Second), Group: "g"},
+			Status:        &ControllerStatusStatus{SuccessCount: 1, FailureCount: 2, ConsecutiveFailureCount: 3, LastFailureMsg: "m"}}}
+		change(&in)
+		return in
+	}
+	raw := func(b string) func(*statusInput) { return func(in *statusInput) { in.Raw = []byte(b) } }
+	for _, seed := range []statusInput{
+		full(),
+		{Raw: []byte(`[{"name":`)},
+		{Status: ControllerStatus{Name: "ünïcödé ✓", UUID: "u",
+			Configuration: &ControllerStatusConfiguration{ErrorRetry: true, ErrorRetryBase: math.MinInt64, Interval: math.MaxInt64, MaxRetryInterval: -1, MaxRetries: math.MinInt64, Jitter: 1},
+			Status: &ControllerStatusStatus{SuccessCount: math.MaxInt64, FailureCount: math.MinInt64, ConsecutiveFailureCount: -1, LastFailureMsg: "exit: done",
+				LastFailureTimestamp: at(-62135596800, 0), LastSuccessTimestamp: at(253402300799, 999999999), LastRunDuration: math.MinInt64}},
+			Raw: []byte(`{"configuration":{"error-retry-base":12345,"interval":"1h"},"status":{"last-failure-timestamp":"2026-11-21T10:00:01+02:00"}}`)},
+		{Status: ControllerStatus{Name: "n", UUID: "u", Status: &ControllerStatusStatus{LastFailureTimestamp: at(math.MaxInt64, 0), LastSuccessTimestamp: at(math.MinInt64, 0)}},
+			Raw: []byte(`{"configuration":{"interval":true}}`)},
+		small(raw(`{"configuration":{"interval":1e400}}`)), // a duration number that overflows
+		small(func(in *statusInput) { // extreme durations
+			*in.Status.Configuration = ControllerStatusConfiguration{ErrorRetry: true, ErrorRetryBase: math.MinInt64, Interval: math.MaxInt64,
+				MaxRetryInterval: -1, MaxRetries: math.MinInt64, Jitter: 1, RunTimeout: math.MinInt64}
+		}),
+		small(func(in *statusInput) { // names that are not UTF-8
+			in.Status.Name, in.Status.UUID, in.Status.Status.LastFailureMsg = "\xff\xfe", "\xc3", "\xed\xa0\x80"
+		}),
+		small(func(in *statusInput) { in.Status.Status.LastFailureTimestamp = at(253402300799, 999999999) }), // the last second of 9999
+		small(func(in *statusInput) { in.Status.Status.LastSuccessTimestamp = at(253402300800, 0) }),         // 10000 cannot be written
+		small(func(in *statusInput) { in.Status.Status.LastFailureTimestamp = at(-62167219201, 0) }),         // nor -1
+		small(raw(`{"configuration":{"error-retry-base":"1x"}}`)),                                            // a malformed duration
+		small(raw(`{"status":{"last-success-timestamp":"not a time"}}`)),                                     // a malformed timestamp
+		small(raw("\xff\xfe{")), // not UTF-8
+		small(raw(`{"status":{"last-failure-timestamp":"2026-11-21T10:00:01+02:00"}}`)), // a timestamp with an offset
+		small(raw(`[{"uuid":1,"status":[]}]`)),                                          // wrong types
+	} {
+		f.Add(encodeFuzz(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := decodeFuzz(data, new(statusInput))
+		st := &in.Status
 		var times []time.Time
-		if hasStatus {
-			s := &ControllerStatusStatus{
-				SuccessCount: successes, FailureCount: failures, ConsecutiveFailureCount: consecutive,
-				LastFailureMsg: valid(msg), LastRunDuration: Duration(lastRun),
+		eachField(reflect.ValueOf(st).Elem(), func(v reflect.Value) {
+			switch v.Type() {
+			case reflect.TypeFor[string]():
+				v.SetString(strings.ToValidUTF8(v.String(), "\uFFFD"))
+			case timeType:
+				times = append(times, v.Interface().(time.Time))
 			}
-			if !zeroTimes {
-				// As the library records them: UTC, no monotonic reading.
-				s.LastFailureTimestamp = time.Unix(failSec, failNsec).UTC()
-				s.LastSuccessTimestamp = time.Unix(okSec, okNsec).UTC()
-				times = append(times, s.LastFailureTimestamp, s.LastSuccessTimestamp)
-			}
-			st.Status = s
-		}
+		})
 
 		b, err := json.Marshal(st)
 		if err != nil {
@@ -147,6 +179,7 @@ func FuzzStatusJSON(f *testing.F) {
 
 		// Whatever the bytes, decoding gives a value or an error; a value
 		// re-encodes, and decoding that gives the same encoding again.
+		raw := in.Raw
 		decodeStable(t, raw, func() any { return new(ControllerStatus) })
 		decodeStable(t, raw, func() any { return new(ControllerStatuses) })
 		decodeStable(t, raw, func() any { return new(Duration) })
@@ -202,7 +235,7 @@ func TestFormatStatus(t *testing.T) {
 			"Controller Status: 2/3 healthy",
 			"Name            Last success   Last error   Count   Message",
 			"alpha-failing   never          10s ago      11      connection refused",
-			"mid-done        1m5s ago       never        0       annotation applied",
+			"mid-done        1m5s ago       never        0       [exit reason] annotation applied",
 			"zeta-ok         1m5s ago       never        0       no error",
 			""}, "\n"), all.String())
 
@@ -311,5 +344,26 @@ func TestHealthReportsAStuckRun(t *testing.T) {
 		assert.NotErrorIs(t, m.Health(), ErrRunStuck)
 		m.RemoveAllAndWait()
 		plain.RemoveAllAndWait()
+	})
+}
+
+// A row whose message is the ExitReason of the last run says so: after a
+// failure (1s ago) and then an exit (2s ago), "Last error" is the
+// failure's time and the message is the exit's, which the row must not
+// pass off as the last error's. Text and HTML show it alike.
+func TestStatusRowTellsExitReasonFromLastError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		r := newRecorder(errBoom, NewExitReason("annotation applied"))
+		e.m.UpdateController("annotate", ControllerParams{DoFunc: r.do})
+		time.Sleep(3 * time.Second)
+		var buf bytes.Buffer
+		require.NoError(t, FormatStatus(&buf, e.m.GetStatusModel(), true))
+		assert.Equal(t, "Controller Status: 1/1 healthy\n"+
+			"Name       Last success   Last error   Count   Message\n"+
+			"annotate   2s ago         3s ago       0       [exit reason] annotation applied\n", buf.String())
+		tables, _ := parsePage(t, body(t, serve(StatusHandler(e.m), http.MethodGet, "/", "text/html")))
+		assert.Equal(t, []string{"[exit reason] annotation applied"}, tables["controllers"].column(6))
+		e.m.RemoveAllAndWait()
 	})
 }

@@ -114,11 +114,13 @@ func (m *Manager) warnSlowStops() {
 // logSlowStop logs that c, removed d ago, has not terminated: its DoFunc
 // still runs, or its StopFunc does.
 func (c *Controller) logSlowStop(d time.Duration) {
-	fn := "StopFunc"
-	if c.runningSince() != 0 {
+	c.mu.Lock()
+	fn, ctx := "StopFunc", c.params.Context
+	if c.runningSinceLocked() != 0 {
 		fn = "DoFunc"
 	}
-	c.log(&logLine{level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
+	c.mu.Unlock()
+	c.log(&logLine{ctx: ctx, level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
 }
 
 // GetStoppingStatus returns the status of every controller removed from
@@ -132,7 +134,7 @@ func (m *Manager) GetStoppingStatus() ControllerStatuses {
 	m.mu.Lock()
 	ss := m.stillStoppingLocked(nil)
 	m.mu.Unlock()
-	return stoppingStatuses(ss)
+	return stoppingStatuses(ss, time.Now().UnixNano())
 }
 
 // GetGlobalStoppingStatus is [Manager.GetStoppingStatus] for every Manager
@@ -145,7 +147,7 @@ func GetGlobalStoppingStatus() ControllerStatuses {
 		ss = m.stillStoppingLocked(ss)
 		m.mu.Unlock()
 	}
-	return stoppingStatuses(ss)
+	return stoppingStatuses(ss, time.Now().UnixNano())
 }
 
 // stillStoppingLocked appends m's stopping controllers that have not
@@ -159,15 +161,15 @@ func (m *Manager) stillStoppingLocked(ss []stoppingController) []stoppingControl
 	return ss
 }
 
-// stoppingStatuses returns the statuses of ss, sorted, with their removal
-// times.
-func stoppingStatuses(ss []stoppingController) ControllerStatuses {
+// stoppingStatuses returns the statuses of ss at now (Unix nanoseconds),
+// sorted, with their removal times.
+func stoppingStatuses(ss []stoppingController, now int64) ControllerStatuses {
 	slices.SortFunc(ss, func(a, b stoppingController) int { return compareController(a.c, b.c) })
 	cs := make([]*Controller, len(ss))
 	for i, s := range ss {
 		cs[i] = s.c
 	}
-	out := statusesOf(cs, formatUUIDs(cs))
+	out := statusesOf(cs, formatUUIDs(cs), now)
 	removed := make([]time.Time, len(ss))
 	for i, s := range ss {
 		removed[i] = statusTime(s.removed)

@@ -315,7 +315,17 @@ func newStorm(t *testing.T, seed uint64) *storm {
 	met := NewMetrics(MetricsOpts{})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(met)
-	newMgr := func() *Manager { return NewManager(WithLogger(logger), WithMetrics(met)) }
+	made := 0
+	newMgr := func() *Manager {
+		// Every other Manager holds the runs updates and triggers ask
+		// for, for a moment (WithTriggerDebounce), so that the hold races
+		// every operation too.
+		made++
+		if made%2 == 0 {
+			return NewManager(WithLogger(logger), WithMetrics(met), WithTriggerDebounce(50*time.Microsecond))
+		}
+		return NewManager(WithLogger(logger), WithMetrics(met))
+	}
 	s := &storm{
 		t: t, seed: seed,
 		m:         newMgr(),

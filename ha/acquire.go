@@ -225,7 +225,7 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 	case c.err != nil:
 		delete(r.slots, c.name)
 		s.end()
-		r.log.Debug("claiming", "name", c.name, "error", c.err)
+		r.log.Debug("claiming", controllerAttr(c.name), "error", c.err)
 		r.retryLater(ep, c.name)
 	case !c.ok:
 		delete(r.slots, c.name)
@@ -245,7 +245,7 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 		case ours && ep.fence.open():
 			s.state = running
 			r.installLocked(c.name, s, p)
-			r.log.Info("claimed: running here", "name", c.name, "revision", c.rev)
+			r.log.Info("claimed: running here", controllerAttr(c.name), "revision", c.rev)
 			r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: c.name, Revision: c.rev})
 		case ours:
 			r.releaseLocked(ep, c.name, s, false, ReasonLost)

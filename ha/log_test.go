@@ -97,7 +97,12 @@ func TestReplicaLogsToTheManagersSlog(t *testing.T) {
 		return ls
 	}
 	has := func(msg string) bool {
-		return slices.ContainsFunc(lines(), func(l map[string]any) bool { return l["msg"] == msg && l["name"] == "job" })
+		return slices.ContainsFunc(lines(), func(l map[string]any) bool {
+			// The replica's lines and the core's name the controller in
+			// the group "controller".
+			group, _ := l["controller"].(map[string]any)
+			return l["msg"] == msg && group["name"] == "job"
+		})
 	}
 	logScene(t, Options{ID: "slogger", ManagerOptions: []controller.Option{controller.WithSlog(sl), controller.WithMetrics(nil)}},
 		func() bool { return has("claimed: running here") && has("controller failed; retrying") })
@@ -125,7 +130,9 @@ func TestReplicaLogsToOptionsLogger(t *testing.T) {
 	logger, hook := test.NewNullLogger()
 	logger.SetLevel(logrus.DebugLevel)
 	has := func(msg string) bool {
-		return slices.ContainsFunc(hook.AllEntries(), func(e *logrus.Entry) bool { return e.Message == msg && e.Data["name"] == "job" })
+		return slices.ContainsFunc(hook.AllEntries(), func(e *logrus.Entry) bool {
+			return e.Message == msg && e.Data["controller.name"] == "job"
+		})
 	}
 	logScene(t, Options{ID: "logrusser", Logger: logger, ManagerOptions: []controller.Option{controller.WithMetrics(nil)}},
 		func() bool { return has("claimed: running here") && has("controller failed; retrying") })

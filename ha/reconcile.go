@@ -6,6 +6,7 @@ package ha
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -286,7 +287,7 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		c, held := r.claims[name]
 		lost := r.viewRev >= s.claim.Revision && (!held || c.rev != s.claim.Revision)
 		if lost {
-			r.log.Warn("claim deleted under a running controller: stopping it", "name", name)
+			r.log.Warn("claim deleted under a running controller: stopping it", controllerAttr(name))
 		}
 		switch {
 		case lost:
@@ -436,6 +437,13 @@ func (r *Replica) createIfAbsent(ctx context.Context, key string, lease clientv3
 	return false, found, resp.Header.Revision, nil
 }
 
+// controllerAttr names a controller in a log line as the core does, in the
+// group "controller" (controller.name with logrus), so that it does not
+// collide with a "name" of the user's logger.
+func controllerAttr(name string) slog.Attr {
+	return slog.Group("controller", slog.String("name", name))
+}
+
 // pause waits for d, and reports false if ctx ended first.
 func pause(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
@@ -486,7 +494,7 @@ func (r *Replica) handle(ep *epoch, res result) {
 			delete(r.claims, res.name)
 		}
 		s.end()
-		r.log.Info("released: stopped here, claim deleted", "name", res.name)
+		r.log.Info("released: stopped here, claim deleted", controllerAttr(res.name))
 		r.dirty[res.name] = struct{}{}
 		if s.reason != "" {
 			r.emit(Event{Kind: Released, Lease: ep.lease, Name: res.name, Revision: s.claim.Revision, Reason: s.reason})

@@ -447,8 +447,6 @@ type config struct {
 	seed          uint64
 	failRate      float64
 	logger        logrus.FieldLogger
-	provider      *provider // nil: a seeded one with dangling pods
-	informer      *informer // nil: a few pods, one of them broken
 }
 
 type option func(*config)
@@ -456,9 +454,6 @@ type option func(*config)
 func withDuration(d time.Duration) option    { return func(c *config) { c.duration = d } }
 func withLogger(l logrus.FieldLogger) option { return func(c *config) { c.logger = l } }
 func withSeed(seed uint64) option            { return func(c *config) { c.seed = seed } }
-func withWorld(inf *informer, prov *provider) option {
-	return func(c *config) { c.informer, c.provider = inf, prov }
-}
 
 // brokenPod's image cannot be pulled, so its controller gives up.
 var brokenPod = Pod{Namespace: "default", Name: "broken", Image: "registry.invalid/app:1"}
@@ -492,10 +487,7 @@ func run(ctx context.Context, out io.Writer, opts ...option) error {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.informer == nil || cfg.provider == nil {
-		cfg.informer, cfg.provider = defaultWorld(cfg.seed, cfg.failRate)
-	}
-	inf, prov := cfg.informer, cfg.provider
+	inf, prov := defaultWorld(cfg.seed, cfg.failRate)
 
 	start := time.Now()
 	var outMu sync.Mutex

@@ -1,0 +1,44 @@
+// Package otel traces the runs of github.com/bgctl/controller's
+// controllers with OpenTelemetry: one span per run of a DoFunc, named
+// after the controller, with its group, the failures in a row before the
+// run and the run's outcome as attributes, and the error recorded on a
+// failure.
+//
+// It is a module of its own, so that the core keeps its few dependencies:
+// only a program that imports this package pulls in OpenTelemetry. Its
+// name clashes with go.opentelemetry.io/otel's; import it under another:
+//
+//	import ctlotel "github.com/bgctl/controller/otel"
+//
+//	mgr := controller.NewManager(controller.WithRunMiddleware(ctlotel.Middleware()))
+//
+// [Middleware] is a [controller.RunMiddleware]: the Manager wraps each
+// DoFunc once per set of parameters, and each run then starts a span from
+// the run's context, so a params.Context that carries a span makes the
+// runs its children. StopFuncs are not traced.
+//
+// # Attributes
+//
+// Every span has controller.name and, when the controller has a group,
+// controller.group; controller.consecutive_failures is the number of
+// failures in a row before the run (0 after a success; n before the
+// (n+1)-th attempt). When the run ends, controller.outcome says how:
+//
+//   - success: DoFunc returned nil.
+//   - exit: it returned an [controller.ExitReason] (or an error wrapping
+//     one); controller.exit_reason holds its message.
+//   - cancelled: it returned an error after its context was cancelled;
+//     controller.cancel_cause holds the cause (see controller's
+//     ErrControllerRemoved and the others). The controller records an
+//     ExitReason, not a failure.
+//   - timeout: the run lasted its RunTimeout; the error is recorded and
+//     the span's status is Error, as the controller counts a failure.
+//   - failure: any other error, or a panic (recorded as "panic: <value>",
+//     and passed on to the controller, which recovers it); the error is
+//     recorded and the span's status is Error.
+//
+// These follow the controller's own rule 3 (see the package documentation
+// of github.com/bgctl/controller), seen from inside the run: a run whose
+// RunTimeout passed and that was then removed before it returned is a
+// timeout here and an exit in the controller's status.
+package otel

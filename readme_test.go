@@ -1,0 +1,207 @@
+// TestReadmeGoSnippets: every Go snippet of README.md, built and run as
+// written.
+
+package controller
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// readmeSnippet is one ```go block of README.md.
+type readmeSnippet struct {
+	line int    // of its opening fence
+	code string // as written
+}
+
+// dir is the package directory the snippet is built in: its line in the
+// README names it, so that the go command's messages point there.
+func (s readmeSnippet) dir() string { return fmt.Sprintf("readme_line_%d", s.line) }
+
+func (s readmeSnippet) isMain() bool {
+	return regexp.MustCompile(`(?m)^package main$`).MatchString(s.code)
+}
+
+func (s readmeSnippet) usesReplicas() bool {
+	return strings.Contains(s.code, `"github.com/bgctl/controller/ha"`)
+}
+
+// readmeSnippets returns the Go snippets of README.md.
+func readmeSnippets(t *testing.T) []readmeSnippet {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []readmeSnippet
+	var cur *readmeSnippet
+	for i, line := range strings.Split(string(b), "\n") {
+		switch {
+		case cur == nil && line == "```go":
+			cur = &readmeSnippet{line: i + 1}
+		case cur != nil && line == "```":
+			out = append(out, *cur)
+			cur = nil
+		case cur != nil:
+			cur.code += line + "\n"
+		}
+	}
+	if cur != nil {
+		t.Fatalf("README.md:%d: a Go snippet is not closed", cur.line)
+	}
+	return out
+}
+
+// Every Go snippet of the README is a whole file that builds and runs as
+// written: one with package main is a program that must exit with status
+// 0 on its own, any other is a test file whose tests must pass. Each is
+// built in a module of its own that requires this one (replaced by this
+// checkout), so a snippet can be copied into a user's project as it is.
+//
+// A snippet that uses the ha module is vetted and built with it here, not
+// run: it needs an etcd, and .ci/release-simulation runs the replica
+// program after a go get of ha from a simulated release.
+func TestReadmeGoSnippets(t *testing.T) {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build the README's snippets: %v", err)
+	}
+	var core, replicas []readmeSnippet
+	for _, s := range readmeSnippets(t) {
+		switch {
+		case !regexp.MustCompile(`(?m)^package \w+$`).MatchString(s.code):
+			t.Errorf("README.md:%d: a Go snippet must be a whole file, from its package clause on, so that it runs as written:\n%s", s.line, s.code)
+		case s.usesReplicas():
+			replicas = append(replicas, s)
+		default:
+			core = append(core, s)
+		}
+	}
+	if len(core) == 0 {
+		t.Fatal("README.md has no Go snippet of the core module")
+	}
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("core", func(t *testing.T) {
+		dir := snippetModule(t, core, []string{root}, map[string]string{"github.com/bgctl/controller": root})
+		buildAndRun(t, goCmd, dir, core, nil)
+	})
+	if len(replicas) == 0 {
+		return
+	}
+	t.Run("replicas", func(t *testing.T) {
+		ha := filepath.Join(root, "ha")
+		dir := snippetModule(t, replicas, []string{ha, root},
+			map[string]string{"github.com/bgctl/controller": root, "github.com/bgctl/controller/ha": ha})
+		buildAndRun(t, goCmd, dir, replicas, nil)
+	})
+}
+
+// snippetModule writes snippets into a new module, each in its own
+// package directory, and returns its directory. The module requires what
+// the modules in from require (their go.mod and go.sum), and the modules of
+// replace at v0.0.0, replaced by their directories.
+func snippetModule(t *testing.T, snippets []readmeSnippet, from []string, replace map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var mod, sum bytes.Buffer
+	mod.WriteString("module readme.example\n\ngo 1.26.0\n\n")
+	for _, m := range slices.Sorted(maps.Keys(replace)) {
+		fmt.Fprintf(&mod, "require %s v0.0.0\n\nreplace %s => %s\n\n", m, m, replace[m])
+	}
+	for _, d := range from {
+		b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, block := range regexp.MustCompile(`(?s)\nrequire \(\n(.*?)\n\)`).FindAllSubmatch(b, -1) {
+			for _, req := range strings.Split(string(block[1]), "\n") {
+				if f := strings.Fields(req); len(f) >= 2 && replace[f[0]] == "" {
+					fmt.Fprintf(&mod, "require %s %s\n", f[0], f[1])
+				}
+			}
+		}
+		s, err := os.ReadFile(filepath.Join(d, "go.sum"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum.Write(s)
+	}
+	write := func(name string, b []byte) {
+		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(name, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "go.mod"), mod.Bytes())
+	write(filepath.Join(dir, "go.sum"), sum.Bytes())
+	for _, s := range snippets {
+		file := "snippet_test.go"
+		if s.isMain() {
+			file = "main.go"
+		}
+		write(filepath.Join(dir, s.dir(), file), []byte(s.code))
+	}
+	return dir
+}
+
+// buildAndRun vets the snippets of the module in dir, runs the tests of
+// those that are test files, and builds and runs those that are programs,
+// with env added to their environment.
+func buildAndRun(t *testing.T, goCmd, dir string, snippets []readmeSnippet, env []string) {
+	t.Helper()
+	goEnv := append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	gorun := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(goCmd, args...)
+		cmd.Dir, cmd.Env = dir, goEnv
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s, in a module holding README.md's snippets (each in readme_line_<line of README.md>): %v\n%s",
+				strings.Join(args, " "), err, out)
+		}
+	}
+	gorun("vet", "./...")
+	var tests, mains []string
+	for _, s := range snippets {
+		if s.isMain() {
+			mains = append(mains, "./"+s.dir())
+		} else {
+			tests = append(tests, "./"+s.dir())
+		}
+	}
+	if len(tests) > 0 {
+		gorun(append([]string{"test", "-count=1"}, tests...)...)
+	}
+	for _, s := range snippets {
+		if !s.isMain() {
+			continue
+		}
+		bin := filepath.Join(dir, "bin", s.dir())
+		gorun("build", "-o", bin, "./"+s.dir())
+		if s.usesReplicas() {
+			continue // run by .ci/release-simulation, against an etcd
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cmd := exec.CommandContext(ctx, bin)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Errorf("README.md:%d: the program did not exit with status 0 within a minute: %v\n%s", s.line, err, out)
+		}
+	}
+}
