@@ -63,6 +63,8 @@ func (k EventKind) String() string {
 // short words, fit for a metric's label.
 type Reason string
 
+// The reasons of a Released event, and of a LeaseLost (fence, leave,
+// close). The metrics' reason label takes moved, removed, lost and leave.
 const (
 	ReasonMoved   Reason = "moved"   // another member owns the name now
 	ReasonRemoved Reason = "removed" // the name was unregistered here
