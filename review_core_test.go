@@ -268,7 +268,13 @@ func TestReviewMiddlewareOncePerParamsWithDebounce(t *testing.T) {
 		start := time.Now()
 		var at []time.Duration
 		p := ControllerParams{RunInterval: time.Second,
-			DoFunc:   func(context.Context) error { mu.Lock(); doRuns++; at = append(at, time.Since(start)); mu.Unlock(); return nil },
+			DoFunc: func(context.Context) error {
+				mu.Lock()
+				doRuns++
+				at = append(at, time.Since(start))
+				mu.Unlock()
+				return nil
+			},
 			StopFunc: func(context.Context) error { stops++; return nil }}
 		m.UpdateController("c", p)
 		time.Sleep(3500 * time.Millisecond)
