@@ -1,0 +1,293 @@
+// review_core_test.go: a hostile review's tests of issues 20 and 21 in the
+// core: each fails while the suspicion it names holds, or documents one
+// disproved.
+
+package controller
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Rule 5 with WithTriggerDebounce: "a timed run due sooner still comes on
+// time". A trigger that arrives while DoFunc runs leaves no timer armed
+// after the run, so the RunInterval run due 100ms after the run's end is
+// held to the end of the 1s window instead.
+func TestReviewDebounceTriggerDuringRunKeepsTheInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		WithTriggerDebounce(time.Second)(e.m)
+		r := newRecorder()
+		r.took = 50 * time.Millisecond
+		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: 100 * time.Millisecond})
+		time.Sleep(10 * time.Millisecond) // during the first run (0–50ms)
+		e.m.TriggerController("c")
+		time.Sleep(1090 * time.Millisecond) // to 1.1s
+		e.m.RemoveAllAndWait()
+		// Without the trigger a run starts every 150ms (50ms run +
+		// RunInterval); the trigger may only make the 150ms run serve it
+		// too.
+		assert.Equal(t, secs(0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05), r.times())
+	})
+}
+
+// The same for a retry: a failing run with a 100ms retry, triggered while
+// it runs, retries at the end of the window instead of 100ms after it.
+func TestReviewDebounceTriggerDuringRunKeepsTheRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		WithTriggerDebounce(time.Second)(e.m)
+		r := newRecorder(errBoom)
+		r.took = 50 * time.Millisecond
+		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, ErrorRetryBaseDuration: 100 * time.Millisecond, Backoff: ConstantBackoff})
+		time.Sleep(10 * time.Millisecond)
+		e.m.TriggerController("c")
+		time.Sleep(1090 * time.Millisecond) // to 1.1s
+		e.m.RemoveAllAndWait()
+		assert.Equal(t, secs(0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05), r.times())
+	})
+}
+
+// Rule 3: "A removal or update that cancelled the run first makes it the
+// case above" (cancelled, never a failure). A DoFunc that ignores its
+// context, removed at 100ms, returning nil at 2s with a RunTimeout of 1s,
+// is recorded as a timed-out failure and counted in run_timeouts.
+func TestReviewRemovalBeforeTimeoutIsNotATimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		c := e.m.UpdateController("c", ControllerParams{
+			RunTimeout: time.Second,
+			DoFunc: func(ctx context.Context) error {
+				time.Sleep(2 * time.Second) // ignores ctx
+				return nil
+			},
+		})
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, e.m.RemoveControllerAndWait("c"))
+		assert.Equal(t, 0, c.GetFailureCount(), "last error: %v", c.GetLastError())
+		assert.False(t, errors.Is(c.GetLastError(), ErrRunTimeout), "last error: %v", c.GetLastError())
+		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.timeouts), "controllers_run_timeouts_total")
+	})
+}
+
+// The converse: the run timed out at 1s (its context's cause is
+// ErrRunTimeout), then was removed at 1.5s, then returned an error at 2s.
+// The timeout came first, so by rule 3 it is a timed-out failure; the
+// core records it as cancelled ("controller context canceled").
+func TestReviewTimeoutBeforeRemovalIsATimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		var cause error
+		c := e.m.UpdateController("c", ControllerParams{
+			RunTimeout: time.Second,
+			DoFunc: func(ctx context.Context) error {
+				time.Sleep(2 * time.Second) // ignores ctx
+				cause = context.Cause(ctx)
+				return errBoom
+			},
+		})
+		time.Sleep(1500 * time.Millisecond)
+		require.NoError(t, e.m.RemoveControllerAndWait("c"))
+		require.ErrorIs(t, cause, ErrRunTimeout, "the run context's first cause")
+		assert.ErrorIs(t, c.GetLastError(), ErrRunTimeout, "recorded")
+	})
+}
+
+// "Every controller goroutine carries pprof labels": a DoFunc that uses
+// pprof.Do, the standard way to add a label of its own, leaves the
+// goroutine with the run context's labels, which are none: from then on
+// the controller's goroutine is anonymous in profiles and dumps (labels.go
+// admits it, "until the next update of a new group").
+func TestReviewLabelsSurviveADoFuncUsingPprofDo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release := make(chan struct{})
+		runs := 0
+		e.m.UpdateController("c", ControllerParams{DoFunc: func(ctx context.Context) error {
+			runs++
+			if runs == 1 {
+				pprof.Do(ctx, pprof.Labels("step", "fetch"), func(context.Context) {})
+				return nil
+			}
+			<-release
+			return nil
+		}})
+		synctest.Wait()
+		e.m.TriggerController("c")
+		synctest.Wait() // the second run blocks
+		assert.Contains(t, labelsInDump(t), `{"controller":"c"}`)
+		close(release)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// Content negotiation at the edges. A client that refuses text/html
+// (q=0) but takes application/xhtml+xml gets a body labelled text/html,
+// the type it refused: the xhtml offer is served under text/html's name.
+// A quoted parameter holding a comma (legal in RFC 9110) splits the range
+// in two and loses its q-value, so text/html;q=0.1 reads as q=1 and wins
+// over application/json;q=0.5.
+func TestReviewNegotiateEdges(t *testing.T) {
+	h := StatusHandler(FakeManager(1))
+	for _, tc := range []struct {
+		accept string
+		ok     func(status int, mediaType string) bool
+		want   string
+	}{
+		{"text/html;q=0, application/xhtml+xml", func(s int, mt string) bool {
+			return s == http.StatusNotAcceptable || (s == http.StatusOK && mt == "application/xhtml+xml")
+		}, "406, or 200 as application/xhtml+xml; never text/html"},
+		{`text/html;foo="a,b";q=0.1, application/json;q=0.5`, func(s int, mt string) bool {
+			return s == http.StatusOK && mt == "application/json"
+		}, "application/json"},
+	} {
+		resp := serve(h, http.MethodGet, "/", tc.accept)
+		mediaType, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+		assert.True(t, tc.ok(resp.StatusCode, mediaType), "Accept %q: got %d %s, want %s", tc.accept, resp.StatusCode, mediaType, tc.want)
+	}
+}
+
+// A controller's log lines reach the slog handler with the run's context,
+// but whether a line is wanted is asked with context.Background: a
+// handler that enables Debug by a value of the context (per tenant, per
+// sampled trace) never gets the "controller run" line of a plain run.
+func TestReviewSlogEnabledSeesTheRunContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &ctxDebugHandler{}
+		m := NewManager(WithSlog(slog.New(h)), WithMetrics(nil))
+		ctx := context.WithValue(context.Background(), debugKey{}, true)
+		m.UpdateController("c", ControllerParams{Context: ctx, DoFunc: NoopFunc})
+		synctest.Wait()
+		m.RemoveAllAndWait()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		assert.Contains(t, h.msgs, "controller run", "Enabled(ctx, Debug) is true for the run's context")
+	})
+}
+
+type debugKey struct{}
+
+// ctxDebugHandler enables Debug only for a context carrying debugKey.
+type ctxDebugHandler struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *ctxDebugHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo || ctx.Value(debugKey{}) != nil
+}
+
+func (h *ctxDebugHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+
+func (h *ctxDebugHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *ctxDebugHandler) WithGroup(string) slog.Handler      { return h }
+
+// Rule 8: the group follows the newest parameters. An update to another
+// group that coalesces with a removal (both during a run) runs no DoFunc,
+// so the goroutine is never relabelled, and the StopFunc of the new
+// parameters runs under the old group's label.
+func TestReviewStopFuncRunsUnderTheNewestGroupLabel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release, stop := make(chan struct{}), make(chan struct{})
+		e.m.UpdateController("c", ControllerParams{Group: NewGroup("a"), DoFunc: func(context.Context) error { <-release; return nil }})
+		synctest.Wait()
+		e.m.UpdateController("c", ControllerParams{Group: NewGroup("b"), DoFunc: NoopFunc,
+			StopFunc: func(context.Context) error { <-stop; return nil }})
+		require.NoError(t, e.m.RemoveController("c"))
+		close(release)
+		synctest.Wait() // the StopFunc blocks
+		assert.Contains(t, labelsInDump(t), `{"controller":"c", "group":"b"}`)
+		close(stop)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// Issue 20 item 3: /healthz has one line per controller. A controller
+// that is failing and stuck at once (its retry hangs past its
+// RunTimeout) gets two lines, one for each.
+func TestReviewHealthzOneLineForAControllerFailingAndStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release := make(chan struct{})
+		calls := 0
+		e.m.UpdateController("c", ControllerParams{RunTimeout: time.Second, DoFunc: func(context.Context) error {
+			if calls++; calls == 1 {
+				return errBoom
+			}
+			<-release // ignores its context
+			return nil
+		}})
+		time.Sleep(time.Second + 2*time.Second) // the retry at 1s has run 2s, over its 1s RunTimeout
+		resp := serve(HealthHandler(e.m), http.MethodGet, "/", "")
+		b := body(t, resp)
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		assert.Equal(t, 1, strings.Count(b, "\n"), "one line for controller c:\n%s", b)
+		close(release)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// Disproved: the run middleware is applied once per set of parameters,
+// also with the debounce on; timed runs (claimed without the lock), held
+// runs and triggered runs all go through the wrapped function; the
+// StopFunc never does.
+func TestReviewMiddlewareOncePerParamsWithDebounce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var wraps, wrappedRuns, doRuns, stops int
+		var mu sync.Mutex
+		mw := func(_ RunInfo, do ControllerFunc) ControllerFunc {
+			mu.Lock()
+			wraps++
+			mu.Unlock()
+			return func(ctx context.Context) error {
+				mu.Lock()
+				wrappedRuns++
+				mu.Unlock()
+				return do(ctx)
+			}
+		}
+		m := NewManager(WithMetrics(nil), WithLogger(quietLogger()), WithRunMiddleware(mw), WithTriggerDebounce(500*time.Millisecond))
+		start := time.Now()
+		var at []time.Duration
+		p := ControllerParams{RunInterval: time.Second,
+			DoFunc: func(context.Context) error {
+				mu.Lock()
+				doRuns++
+				at = append(at, time.Since(start))
+				mu.Unlock()
+				return nil
+			},
+			StopFunc: func(context.Context) error { stops++; return nil }}
+		m.UpdateController("c", p)
+		time.Sleep(3500 * time.Millisecond)
+		m.UpdateController("c", p) // window over (last run at 3s): runs at once
+		time.Sleep(100 * time.Millisecond)
+		m.TriggerController("c") // held to 4.0s
+		time.Sleep(400*time.Millisecond + time.Millisecond)
+		m.RemoveAllAndWait()
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Equal(t, secs(0, 1, 2, 3, 3.5, 4), at)
+		assert.Equal(t, 2, wraps, "the install and the update")
+		assert.Equal(t, doRuns, wrappedRuns, "every run went through the middleware")
+		assert.Equal(t, 1, stops, "the StopFunc ran, unwrapped")
+	})
+}
