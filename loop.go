@@ -85,6 +85,11 @@ type loop struct {
 	// field of its own would grow run's frame, and the idle stack with it
 	// (TestIdleControllerKeepsTheInitialStack).
 	stale bool
+	// dueAfterRun says the last run ended with a change pending and a
+	// timed run (RunInterval, retry) due at Controller.runStart, which a
+	// run held by the debounce must not wait past (holdLocked). A bool in
+	// the padding, as stale.
+	dueAfterRun bool
 
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
@@ -258,7 +263,9 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	}
 	// A run an update or trigger asked for waits out the debounce window
 	// (debounce.go), but the first, and one held already.
-	if asked && c.mgr.debounce > 0 && l.ranDo && waited&stHeld == 0 && c.holdLocked(l, st, waited&stTimed != 0) {
+	timedDue := waited&stTimed != 0 || l.dueAfterRun
+	l.dueAfterRun = false
+	if asked && c.mgr.debounce > 0 && l.ranDo && waited&stHeld == 0 && c.holdLocked(l, st, timedDue) {
 		c.mu.Unlock()
 		return actWait, 0
 	}
@@ -340,8 +347,9 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 // scheduleLocked sets the loop up for its next wait after a run that ended
 // with o (rule 4): the timer is armed when the wait is timed and nothing
 // is pending (a signal that came during the run is in the signal channel
-// already). It reports whether this failure made the retries stop at
-// MaxRetries.
+// already). When something is pending, runStart still records when the
+// timed run would be due, for the debounce (l.dueAfterRun). It reports
+// whether this failure made the retries stop at MaxRetries.
 func (c *Controller) scheduleLocked(l *loop, o outcome, end int64) (gaveUp bool) {
 	p := &c.params
 	var jitter time.Duration
@@ -351,11 +359,14 @@ func (c *Controller) scheduleLocked(l *loop, o outcome, end int64) (gaveUp bool)
 	wait, timed := nextWait(o, p, l.step, jitter)
 	st := c.state.Load() &^ stRunning
 	l.timed = timed && st == 0
-	if l.timed {
-		c.armTimerLocked(wait)
+	l.dueAfterRun = timed && st != 0
+	if timed {
 		// The timed run starts when the timer is due: end + wait,
 		// saturating (a wait of the largest Duration never comes).
 		c.runStart = end + int64(min(wait, time.Duration(math.MaxInt64-end)))
+	}
+	if l.timed {
+		c.armTimerLocked(wait)
 		st = stTimed
 	}
 	c.state.Store(st)
