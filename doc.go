@@ -63,8 +63,11 @@
 //     RunTimeout (when it is above zero; DoFunc's context ended then): a
 //     failure whose error wraps [ErrRunTimeout] and what DoFunc returned,
 //     and names the timeout, counted in controllers_run_timeouts_total
-//     as well. A removal or update that cancelled the run first makes it
-//     the case above.
+//     as well. The first cause wins: a removal, update or trigger that
+//     cancelled the run, or the end of the parameters' Context, before
+//     the RunTimeout passed makes the run one of the cases above (nil a
+//     success, an error a cancelled run), and one that came after it
+//     leaves it a timeout.
 //   - any other error, or a panic (recovered; its error reads
 //     "panic: <value>" and the stack goes to the log): a failure. The
 //     failure count and the consecutive failures go up, and the last

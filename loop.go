@@ -90,6 +90,10 @@ type loop struct {
 	// run held by the debounce must not wait past (holdLocked). A bool in
 	// the padding, as stale.
 	dueAfterRun bool
+	// cut is what ended the context of the last run with a RunTimeout
+	// first, read by callTimed before it cancels that context: cutNone,
+	// cutTimeout or cutOther. A byte in the padding, as stale.
+	cut uint8
 
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
@@ -121,6 +125,14 @@ func (l *loop) offset() time.Duration {
 	l.anchorNs = l.anchor.UnixNano()
 	return 0
 }
+
+// What ended a timed run's context first (loop.cut): the first cause
+// decides whether the run timed out (rule 3).
+const (
+	cutNone    uint8 = iota // still live when DoFunc returned
+	cutTimeout              // its RunTimeout passed
+	cutOther                // a removal, update, trigger or the end of params.Context
+)
 
 // What the loop does after looking at the controller's state.
 type action uint8
@@ -205,7 +217,18 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 func callTimed(l *loop) (error, []byte) {
 	ctx, cancel := context.WithTimeoutCause(l.runCtx, l.timeout, ErrRunTimeout)
 	defer cancel()
-	return call(l.do, ctx)
+	err, stack := call(l.do, ctx)
+	// The context keeps its first cause: the timeout, or the run
+	// context's cause when a removal or update came before it.
+	switch cause := context.Cause(ctx); {
+	case cause == nil:
+		l.cut = cutNone
+	case cause == ErrRunTimeout: // our own sentinel, never wrapped here
+		l.cut = cutTimeout
+	default:
+		l.cut = cutOther
+	}
+	return err, stack
 }
 
 // begin looks at the controller's state under the lock and decides whether
@@ -325,7 +348,10 @@ func (c *Controller) adopt(l *loop, group Group, relabel bool) {
 //
 //go:noinline
 func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
-	timedOut := l.timeout > 0 && took >= l.timeout
+	// A timed run timed out when its RunTimeout ended its context before
+	// anything else did, or, its timer not yet fired, when it lasted that
+	// long (rule 3).
+	timedOut := l.timeout > 0 && (l.cut == cutTimeout || l.cut == cutNone && took >= l.timeout)
 	o, err, msg := c.classify(l, err, stack, timedOut)
 	if o == outcomeFailure {
 		l.step++

