@@ -6,7 +6,6 @@ package controller
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"runtime/pprof"
 	"strings"
@@ -72,46 +71,6 @@ func TestReviewNegotiateEdges(t *testing.T) {
 		assert.True(t, tc.ok(resp.StatusCode, mediaType), "Accept %q: got %d %s, want %s", tc.accept, resp.StatusCode, mediaType, tc.want)
 	}
 }
-
-// A controller's log lines reach the slog handler with the run's context,
-// but whether a line is wanted is asked with context.Background: a
-// handler that enables Debug by a value of the context (per tenant, per
-// sampled trace) never gets the "controller run" line of a plain run.
-func TestReviewSlogEnabledSeesTheRunContext(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := &ctxDebugHandler{}
-		m := NewManager(WithSlog(slog.New(h)), WithMetrics(nil))
-		ctx := context.WithValue(context.Background(), debugKey{}, true)
-		m.UpdateController("c", ControllerParams{Context: ctx, DoFunc: NoopFunc})
-		synctest.Wait()
-		m.RemoveAllAndWait()
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		assert.Contains(t, h.msgs, "controller run", "Enabled(ctx, Debug) is true for the run's context")
-	})
-}
-
-type debugKey struct{}
-
-// ctxDebugHandler enables Debug only for a context carrying debugKey.
-type ctxDebugHandler struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (h *ctxDebugHandler) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelInfo || ctx.Value(debugKey{}) != nil
-}
-
-func (h *ctxDebugHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.msgs = append(h.msgs, r.Message)
-	return nil
-}
-
-func (h *ctxDebugHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *ctxDebugHandler) WithGroup(string) slog.Handler      { return h }
 
 // Rule 8: the group follows the newest parameters. An update to another
 // group that coalesces with a removal (both during a run) runs no DoFunc,
