@@ -45,7 +45,8 @@ func StatusHandler(m *Manager) http.Handler {
 // HealthHandler returns an [http.Handler] serving the health of m's
 // controllers, or of every Manager's in the process when m is nil: 200 and
 // "ok" when [Manager.Health] is nil, else 503 and its text, one line per
-// failing or stuck controller.
+// failing or stuck controller (one, not two, for a controller that is
+// both).
 func HealthHandler(m *Manager) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !allowRead(w, r) {

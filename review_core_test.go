@@ -93,31 +93,6 @@ func TestReviewStopFuncRunsUnderTheNewestGroupLabel(t *testing.T) {
 	})
 }
 
-// Issue 20 item 3: /healthz has one line per controller. A controller
-// that is failing and stuck at once (its retry hangs past its
-// RunTimeout) gets two lines, one for each.
-func TestReviewHealthzOneLineForAControllerFailingAndStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		release := make(chan struct{})
-		calls := 0
-		e.m.UpdateController("c", ControllerParams{RunTimeout: time.Second, DoFunc: func(context.Context) error {
-			if calls++; calls == 1 {
-				return errBoom
-			}
-			<-release // ignores its context
-			return nil
-		}})
-		time.Sleep(time.Second + 2*time.Second) // the retry at 1s has run 2s, over its 1s RunTimeout
-		resp := serve(HealthHandler(e.m), http.MethodGet, "/", "")
-		b := body(t, resp)
-		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-		assert.Equal(t, 1, strings.Count(b, "\n"), "one line for controller c:\n%s", b)
-		close(release)
-		e.m.RemoveAllAndWait()
-	})
-}
-
 // Disproved: the run middleware is applied once per set of parameters,
 // also with the debounce on; timed runs (claimed without the lock), held
 // runs and triggered runs all go through the wrapped function; the
