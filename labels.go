@@ -41,7 +41,8 @@ func labelsContext(name, group string) context.Context {
 // labels newController made: they are made by the installer, because
 // allocating them here, below the loop's frame, would make the goroutine
 // outgrow its initial stack (TestIdleControllerKeepsTheInitialStack). A
-// later update to another group labels it again (adopt).
+// later update to another group labels it again: before the next run
+// (adopt), or, when a removal came with it, before the StopFunc (finish).
 //
 //go:noinline
 func (c *Controller) labelAtStart() {

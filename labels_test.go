@@ -81,3 +81,24 @@ func filter(ss []string, sub string) []string {
 	}
 	return out
 }
+
+// Rule 8: the group follows the newest parameters. An update to another
+// group that coalesces with a removal (both during a run) runs no DoFunc,
+// and the StopFunc of the new parameters still runs under the new group's
+// label.
+func TestStopFuncRunsUnderTheNewestGroupLabel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release, stop := make(chan struct{}), make(chan struct{})
+		e.m.UpdateController("c", ControllerParams{Group: NewGroup("a"), DoFunc: func(context.Context) error { <-release; return nil }})
+		synctest.Wait()
+		e.m.UpdateController("c", ControllerParams{Group: NewGroup("b"), DoFunc: NoopFunc,
+			StopFunc: func(context.Context) error { <-stop; return nil }})
+		require.NoError(t, e.m.RemoveController("c"))
+		close(release)
+		synctest.Wait() // the StopFunc blocks
+		assert.Contains(t, labelsInDump(t), `{"controller":"c", "group":"b"}`)
+		close(stop)
+		e.m.RemoveAllAndWait()
+	})
+}

