@@ -223,7 +223,10 @@
 // never one line per failed run. Every controller's goroutine carries the
 // pprof labels controller=<name> and group=<group> ([ControllerLabel]), so
 // a CPU profile and a goroutine dump say which controller each goroutine
-// serves.
+// serves; they are the goroutine's, not the run context's, so a DoFunc
+// that calls pprof.Do with its context leaves the goroutine without them
+// unless the parameters' Context carries them ([ControllerLabel] says
+// how).
 //
 // Healthy has one meaning, stated here. A controller is healthy unless it
 // is failing or stuck:

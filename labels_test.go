@@ -102,3 +102,37 @@ func TestStopFuncRunsUnderTheNewestGroupLabel(t *testing.T) {
 		e.m.RemoveAllAndWait()
 	})
 }
+
+// The documented limit of labels that are the goroutine's: a DoFunc that
+// calls pprof.Do with its run context leaves the goroutine with that
+// context's labels, none for controller "bare"; controller "kept", whose
+// parameters' Context carries its labels, keeps them.
+func TestLabelsAfterADoFuncUsingPprofDo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release := make(chan struct{})
+		doFunc := func() ControllerFunc {
+			runs := 0
+			return func(ctx context.Context) error {
+				if runs++; runs == 1 {
+					pprof.Do(ctx, pprof.Labels("step", "fetch"), func(context.Context) {})
+					return nil
+				}
+				<-release
+				return nil
+			}
+		}
+		e.m.UpdateController("bare", ControllerParams{DoFunc: doFunc()})
+		e.m.UpdateController("kept", ControllerParams{DoFunc: doFunc(),
+			Context: pprof.WithLabels(context.Background(), pprof.Labels(ControllerLabel, "kept"))})
+		synctest.Wait()
+		e.m.TriggerController("bare")
+		e.m.TriggerController("kept")
+		synctest.Wait() // the second runs block
+		labels := labelsInDump(t)
+		assert.Contains(t, labels, `{"controller":"kept"}`)
+		assert.NotContains(t, labels, `{"controller":"bare"}`, "the limit ControllerLabel documents")
+		close(release)
+		e.m.RemoveAllAndWait()
+	})
+}
