@@ -29,8 +29,10 @@ func WithTriggerDebounce(d time.Duration) Option {
 // waits for the end of the debounce window; if so, it arms the timer,
 // marks the run held (stHeld, with the pending bits of st, so that the
 // lock-free claim fails and begin takes the run when the timer fires) and
-// reports true. timed says the loop was in a timed wait, due at runStart:
-// a timed run due before the window's end is not held back.
+// reports true. timed says a timed run is due at runStart (the loop was in
+// a timed wait, or the previous run ended with the update or trigger
+// pending and a timed wait to follow): a timed run due before the
+// window's end is not held back.
 //
 // Out of line: it runs only with the option on, and its frame must not
 // count in begin's.

@@ -154,3 +154,42 @@ func TestTriggerDebounceRunsTheNewestParameters(t *testing.T) {
 		e.m.RemoveAllAndWait()
 	})
 }
+
+// Rule 5 with WithTriggerDebounce: "a timed run due sooner still comes on
+// time", also when the trigger arrives while DoFunc runs: the RunInterval
+// run due 100ms after the run's end comes then and serves the trigger,
+// rather than being held to the end of the 1s window.
+func TestDebounceTriggerDuringRunKeepsTheInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		WithTriggerDebounce(time.Second)(e.m)
+		r := newRecorder()
+		r.took = 50 * time.Millisecond
+		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: 100 * time.Millisecond})
+		time.Sleep(10 * time.Millisecond) // during the first run (0–50ms)
+		e.m.TriggerController("c")
+		time.Sleep(1090 * time.Millisecond) // to 1.1s
+		e.m.RemoveAllAndWait()
+		// Without the trigger a run starts every 150ms (50ms run +
+		// RunInterval); the trigger may only make the 150ms run serve it
+		// too.
+		assert.Equal(t, secs(0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05), r.times())
+	})
+}
+
+// The same for a retry: a failing run with a 100ms retry, triggered while
+// it runs, retries 100ms after it, not at the end of the window.
+func TestDebounceTriggerDuringRunKeepsTheRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		WithTriggerDebounce(time.Second)(e.m)
+		r := newRecorder(errBoom)
+		r.took = 50 * time.Millisecond
+		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, ErrorRetryBaseDuration: 100 * time.Millisecond, Backoff: ConstantBackoff})
+		time.Sleep(10 * time.Millisecond)
+		e.m.TriggerController("c")
+		time.Sleep(1090 * time.Millisecond) // to 1.1s
+		e.m.RemoveAllAndWait()
+		assert.Equal(t, secs(0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.05), r.times())
+	})
+}

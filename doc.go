@@ -63,8 +63,11 @@
 //     RunTimeout (when it is above zero; DoFunc's context ended then): a
 //     failure whose error wraps [ErrRunTimeout] and what DoFunc returned,
 //     and names the timeout, counted in controllers_run_timeouts_total
-//     as well. A removal or update that cancelled the run first makes it
-//     the case above.
+//     as well. The first cause wins: a removal, update or trigger that
+//     cancelled the run, or the end of the parameters' Context, before
+//     the RunTimeout passed makes the run one of the cases above (nil a
+//     success, an error a cancelled run), and one that came after it
+//     leaves it a timeout.
 //   - any other error, or a panic (recovered; its error reads
 //     "panic: <value>" and the stack goes to the log): a failure. The
 //     failure count and the consecutive failures go up, and the last
@@ -220,7 +223,10 @@
 // never one line per failed run. Every controller's goroutine carries the
 // pprof labels controller=<name> and group=<group> ([ControllerLabel]), so
 // a CPU profile and a goroutine dump say which controller each goroutine
-// serves.
+// serves; they are the goroutine's, not the run context's, so a DoFunc
+// that calls pprof.Do with its context leaves the goroutine without them
+// unless the parameters' Context carries them ([ControllerLabel] says
+// how).
 //
 // Healthy has one meaning, stated here. A controller is healthy unless it
 // is failing or stuck:

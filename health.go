@@ -48,15 +48,16 @@ func (c *Controller) stuckLocked(now int64) (stuck bool, ran, limit time.Duratio
 var ErrRunStuck = errors.New("run stuck")
 
 // Health returns nil when none of the Manager's controllers is failing or
-// stuck, else one error per failing and per stuck controller, sorted by
-// name and joined with [errors.Join]: one line each, the lines of a
-// multi-line error joined with "; " as [FormatStatus] joins them. A
-// failing one's names its consecutive failures and wraps its last error; a
-// stuck one's wraps [ErrRunStuck] and says how long DoFunc has run, and
-// the limit:
+// stuck, else one error per unhealthy controller, sorted by name and
+// joined with [errors.Join]: one line each, the lines of a multi-line
+// error joined with "; " as [FormatStatus] joins them. A failing one's
+// names its consecutive failures and wraps its last error; a stuck one's
+// wraps [ErrRunStuck] and says how long DoFunc has run, and the limit; one
+// both failing and stuck says both, joined with "; ":
 //
 //	controller "sync-to-k8s": 4 consecutive failures: connection refused
 //	controller "watch": run stuck: DoFunc has run for 1h0m0s, over its RunTimeout of 30s
+//	controller "push": 1 consecutive failure: timeout; run stuck: DoFunc has run for 2m0s, over its RunTimeout of 1m0s
 //
 // Failing and stuck are the package documentation's: the same rule as
 // [FormatStatus]'s healthy count, [StatusHandler], [HealthHandler] and the
@@ -82,17 +83,28 @@ func healthOf(cs []*Controller, now time.Time) error {
 		failing, n, last, msg := c.failingLocked(), c.consecutiveFailures, c.lastErr, c.lastErrMsg
 		stuck, ran, limit, what := c.stuckLocked(now.UnixNano())
 		c.mu.Unlock()
+		// One error per controller, on one line, however many reasons:
+		// /healthz has a line per controller.
+		var e *healthError
 		if failing {
 			// The message recorded with the error, on one line: a
-			// multi-line one (an errors.Join) would break /healthz's line
-			// per controller.
-			us = append(us, unhealthy{c, &healthError{
-				msg: fmt.Sprintf("controller %q: %s: %s", c.name, count(n, "consecutive failure"), oneLine(msg)),
-				err: last,
-			}})
+			// multi-line one (an errors.Join) would break that too.
+			e = &healthError{msg: fmt.Sprintf("controller %q: %s: %s", c.name, count(n, "consecutive failure"), oneLine(msg))}
+			if last != nil {
+				e.errs = append(e.errs, last)
+			}
 		}
 		if stuck {
-			us = append(us, unhealthy{c, fmt.Errorf("controller %q: %w: DoFunc has run for %s, over %s of %s", c.name, ErrRunStuck, ran.Round(time.Millisecond), what, limit)})
+			why := fmt.Sprintf("%s: DoFunc has run for %s, over %s of %s", ErrRunStuck, ran.Round(time.Millisecond), what, limit)
+			if e == nil {
+				e = &healthError{msg: fmt.Sprintf("controller %q: %s", c.name, why)}
+			} else {
+				e.msg += "; " + why
+			}
+			e.errs = append(e.errs, ErrRunStuck)
+		}
+		if e != nil {
+			us = append(us, unhealthy{c, e})
 		}
 	}
 	if len(us) == 0 {
@@ -106,16 +118,17 @@ func healthOf(cs []*Controller, now time.Time) error {
 	return errors.Join(errs...)
 }
 
-// healthError is Health's error for a failing controller: a message on one
-// line, wrapping the controller's last error.
+// healthError is Health's error for an unhealthy controller: a message on
+// one line, wrapping the controller's last error when it is failing and
+// ErrRunStuck when it is stuck.
 type healthError struct {
-	msg string
-	err error
+	msg  string
+	errs []error
 }
 
 func (e *healthError) Error() string { return e.msg }
 
-func (e *healthError) Unwrap() error { return e.err }
+func (e *healthError) Unwrap() []error { return e.errs }
 
 // count returns n and noun, plural unless n is 1: "1 consecutive
 // failure", "3 consecutive failures".

@@ -129,3 +129,32 @@ func TestHealthOneLinePerController(t *testing.T) {
 		})
 	})
 }
+
+// /healthz has one line per controller, also for a controller that is
+// failing and stuck at once (its retry hangs past its RunTimeout); the
+// line says both, and the error wraps both.
+func TestHealthzOneLineForAControllerFailingAndStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release := make(chan struct{})
+		calls := 0
+		e.m.UpdateController("c", ControllerParams{RunTimeout: time.Second, DoFunc: func(context.Context) error {
+			if calls++; calls == 1 {
+				return errBoom
+			}
+			<-release // ignores its context
+			return nil
+		}})
+		time.Sleep(time.Second + 2*time.Second) // the retry at 1s has run 2s, over its 1s RunTimeout
+		resp := serve(HealthHandler(e.m), http.MethodGet, "/", "")
+		b := body(t, resp)
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		assert.Equal(t, 1, strings.Count(b, "\n"), "one line for controller c:\n%s", b)
+		assert.Contains(t, b, "1 consecutive failure: boom; run stuck: DoFunc has run for 2s, over its RunTimeout of 1s")
+		err := e.m.Health()
+		assert.ErrorIs(t, err, errBoom)
+		assert.ErrorIs(t, err, ErrRunStuck)
+		close(release)
+		e.m.RemoveAllAndWait()
+	})
+}

@@ -45,7 +45,8 @@ func StatusHandler(m *Manager) http.Handler {
 // HealthHandler returns an [http.Handler] serving the health of m's
 // controllers, or of every Manager's in the process when m is nil: 200 and
 // "ok" when [Manager.Health] is nil, else 503 and its text, one line per
-// failing or stuck controller.
+// failing or stuck controller (one, not two, for a controller that is
+// both).
 func HealthHandler(m *Manager) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !allowRead(w, r) {
@@ -68,7 +69,7 @@ type statusHandler struct {
 }
 
 func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	format, ok := NegotiateFormat(w, r)
+	format, mediaType, ok := negotiateMedia(w, r)
 	if !ok {
 		return
 	}
@@ -95,7 +96,7 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			err = formatStopping(w, stopping, now)
 		}
 	default:
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Type", mediaType+"; charset=utf-8") // text/html or application/xhtml+xml
 		err = statusPage.Execute(w, newPage(h.m == nil, installed, stopping, failingOnly, now))
 	}
 	_ = err // the client went away; nothing to tell it

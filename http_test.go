@@ -260,7 +260,8 @@ func TestStatusHandlerRefuses(t *testing.T) {
 // is not acceptable, and of equals the one the client names first wins,
 // then the handler's order (text, JSON, HTML). No header, or */*, gets
 // text; a header that accepts none of them gets 406 and the list of types
-// offered.
+// offered. The HTML page is labelled with the HTML type that won, and a
+// parameter's quoted string splits neither ranges nor parameters.
 func TestNegotiate(t *testing.T) {
 	h := StatusHandler(FakeManager(1))
 	for _, tc := range []struct{ accept, want string }{
@@ -271,7 +272,11 @@ func TestNegotiate(t *testing.T) {
 		{"text/html;q=0.2, application/json;q=0.9", "application/json"},
 		{"application/json;q=0, text/plain;q=0.1", "text/plain"},
 		{"application/json;q=x, text/html;q=0.1", "text/html"},
-		{"application/xhtml+xml", "text/html"},
+		{"application/xhtml+xml", "application/xhtml+xml"},
+		{"text/html;q=0, application/xhtml+xml", "application/xhtml+xml"},           // never labelled with the type refused
+		{`text/html;foo="a,b";q=0.1, application/json;q=0.5`, "application/json"},   // a quoted comma splits nothing
+		{`text/html;foo="a;q=1";q=0.1, application/json;q=0.5`, "application/json"}, // nor a quoted semicolon
+		{`text/html;foo="a\",b";q=0.1, application/json;q=0.5`, "application/json"}, // nor an escaped quote
 		{"TEXT/PLAIN; Q=1", "text/plain"},
 		{"application/*", "application/json"},
 		{"text/*", "text/plain"},

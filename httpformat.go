@@ -20,21 +20,32 @@ import "net/http"
 //	}
 //	w.Header().Add("Vary", "Accept")
 //
+// "html" answers text/html and application/xhtml+xml alike; StatusHandler
+// labels its page with the one the client preferred.
+//
 // The replicas of github.com/bgctl/controller/ha serve their placement
 // with it.
 func NegotiateFormat(w http.ResponseWriter, r *http.Request) (format string, ok bool) {
+	format, _, ok = negotiateMedia(w, r)
+	return format, ok
+}
+
+// negotiateMedia is NegotiateFormat, with the media type to label the
+// format with (for html, the one of text/html and application/xhtml+xml
+// the client preferred).
+func negotiateMedia(w http.ResponseWriter, r *http.Request) (format, mediaType string, ok bool) {
 	if !allowRead(w, r) {
-		return "", false
+		return "", "", false
 	}
-	format, status := negotiate(r)
+	format, mediaType, status := negotiate(r)
 	switch status {
 	case http.StatusBadRequest:
 		http.Error(w, "unknown format: want json, text or html", status)
-		return "", false
+		return "", "", false
 	case http.StatusNotAcceptable:
 		w.Header().Add("Vary", "Accept")
 		http.Error(w, notAcceptable, status)
-		return "", false
+		return "", "", false
 	}
-	return format, true
+	return format, mediaType, true
 }

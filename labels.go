@@ -17,10 +17,16 @@ import (
 //	# labels: {"controller":"endpoint-12-sync", "group":"endpoint-sync"}
 //
 // Goroutines a DoFunc starts inherit them. They are the goroutine's, not
-// the run context's: pprof.Label(ctx, …) does not find them, and a DoFunc
-// that calls pprof.Do(ctx, labels, f) runs f with ctx's labels and its
-// own, and leaves the goroutine with ctx's labels, until the next update
-// of a new group sets them again.
+// the run context's, which would cost a context per controller:
+// pprof.Label(ctx, …) does not find them, and a DoFunc that calls
+// pprof.Do(ctx, labels, f) runs f with ctx's labels and its own, and
+// leaves the goroutine with ctx's labels alone: none, unless the
+// parameters' Context carries some. The goroutine (and those it starts
+// after) is then unlabelled until an update to another group labels it
+// again. A DoFunc that uses pprof.Do keeps them with a Context that
+// carries them:
+//
+//	Context: pprof.WithLabels(ctx, pprof.Labels(controller.ControllerLabel, name, controller.GroupLabel, group))
 const (
 	ControllerLabel = "controller"
 	GroupLabel      = "group"
@@ -41,7 +47,8 @@ func labelsContext(name, group string) context.Context {
 // labels newController made: they are made by the installer, because
 // allocating them here, below the loop's frame, would make the goroutine
 // outgrow its initial stack (TestIdleControllerKeepsTheInitialStack). A
-// later update to another group labels it again (adopt).
+// later update to another group labels it again: before the next run
+// (adopt), or, when a removal came with it, before the StopFunc (finish).
 //
 //go:noinline
 func (c *Controller) labelAtStart() {

@@ -81,3 +81,58 @@ func filter(ss []string, sub string) []string {
 	}
 	return out
 }
+
+// Rule 8: the group follows the newest parameters. An update to another
+// group that coalesces with a removal (both during a run) runs no DoFunc,
+// and the StopFunc of the new parameters still runs under the new group's
+// label.
+func TestStopFuncRunsUnderTheNewestGroupLabel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release, stop := make(chan struct{}), make(chan struct{})
+		e.m.UpdateController("c", ControllerParams{Group: NewGroup("a"), DoFunc: func(context.Context) error { <-release; return nil }})
+		synctest.Wait()
+		e.m.UpdateController("c", ControllerParams{Group: NewGroup("b"), DoFunc: NoopFunc,
+			StopFunc: func(context.Context) error { <-stop; return nil }})
+		require.NoError(t, e.m.RemoveController("c"))
+		close(release)
+		synctest.Wait() // the StopFunc blocks
+		assert.Contains(t, labelsInDump(t), `{"controller":"c", "group":"b"}`)
+		close(stop)
+		e.m.RemoveAllAndWait()
+	})
+}
+
+// The documented limit of labels that are the goroutine's: a DoFunc that
+// calls pprof.Do with its run context leaves the goroutine with that
+// context's labels, none for controller "bare"; controller "kept", whose
+// parameters' Context carries its labels, keeps them.
+func TestLabelsAfterADoFuncUsingPprofDo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		release := make(chan struct{})
+		doFunc := func() ControllerFunc {
+			runs := 0
+			return func(ctx context.Context) error {
+				if runs++; runs == 1 {
+					pprof.Do(ctx, pprof.Labels("step", "fetch"), func(context.Context) {})
+					return nil
+				}
+				<-release
+				return nil
+			}
+		}
+		e.m.UpdateController("bare", ControllerParams{DoFunc: doFunc()})
+		e.m.UpdateController("kept", ControllerParams{DoFunc: doFunc(),
+			Context: pprof.WithLabels(context.Background(), pprof.Labels(ControllerLabel, "kept"))})
+		synctest.Wait()
+		e.m.TriggerController("bare")
+		e.m.TriggerController("kept")
+		synctest.Wait() // the second runs block
+		labels := labelsInDump(t)
+		assert.Contains(t, labels, `{"controller":"kept"}`)
+		assert.NotContains(t, labels, `{"controller":"bare"}`, "the limit ControllerLabel documents")
+		close(release)
+		e.m.RemoveAllAndWait()
+	})
+}

@@ -68,11 +68,13 @@ type logSink struct {
 // defaultSink is the zero Manager's: logrus' standard logger.
 var defaultSink = logSink{entry: logrus.StandardLogger().WithField("subsys", "controller")}
 
-// enabled reports whether a line at level would be written. It allocates
-// nothing: the run loop asks it after every run.
-func (s *logSink) enabled(level logLevel) bool {
+// enabled reports whether a line at level, logged with ctx (nil:
+// Background), would be written: a slog handler may decide by a value of
+// the run's context, as it does for the line itself. It allocates nothing:
+// the run loop asks it after every run.
+func (s *logSink) enabled(ctx context.Context, level logLevel) bool {
 	if s.slog != nil {
-		return s.slog.Enabled(context.Background(), slogLevels[level])
+		return s.slog.Enabled(ctx, slogLevels[level])
 	}
 	return s.entry.Logger.IsLevelEnabled(logrusLevels[level])
 }

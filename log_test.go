@@ -107,3 +107,44 @@ func TestLogrusEntryHasTheRunContext(t *testing.T) {
 		assert.Equal(t, logrus.Fields{"subsys": "controller", "controller.name": "push", "controller.uuid": c.UUID(), "error": en.Data["error"]}, en.Data)
 	})
 }
+
+// Whether a line is wanted is asked with the run's context too, not
+// context.Background: a handler that enables Debug by a value of the
+// context (per tenant, per sampled trace) gets the "controller run" line
+// of a plain run.
+func TestSlogEnabledSeesTheRunContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &ctxDebugHandler{}
+		m := NewManager(WithSlog(slog.New(h)), WithMetrics(nil))
+		ctx := context.WithValue(context.Background(), debugKey{}, true)
+		m.UpdateController("c", ControllerParams{Context: ctx, DoFunc: NoopFunc})
+		synctest.Wait()
+		m.RemoveAllAndWait()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		assert.Contains(t, h.msgs, "controller run", "Enabled(ctx, Debug) is true for the run's context")
+	})
+}
+
+type debugKey struct{}
+
+// ctxDebugHandler enables Debug only for a context carrying debugKey.
+type ctxDebugHandler struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *ctxDebugHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo || ctx.Value(debugKey{}) != nil
+}
+
+func (h *ctxDebugHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+
+func (h *ctxDebugHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+
+func (h *ctxDebugHandler) WithGroup(string) slog.Handler { return h }

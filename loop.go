@@ -85,6 +85,15 @@ type loop struct {
 	// field of its own would grow run's frame, and the idle stack with it
 	// (TestIdleControllerKeepsTheInitialStack).
 	stale bool
+	// dueAfterRun says the last run ended with a change pending and a
+	// timed run (RunInterval, retry) due at Controller.runStart, which a
+	// run held by the debounce must not wait past (holdLocked). A bool in
+	// the padding, as stale.
+	dueAfterRun bool
+	// cut is what ended the context of the last run with a RunTimeout
+	// first, read by callTimed before it cancels that context: cutNone,
+	// cutTimeout or cutOther. A byte in the padding, as stale.
+	cut uint8
 
 	// The clock: anchor is the last full reading (wall and monotonic),
 	// anchorNs its wall time in Unix nanoseconds. Runs are timed as
@@ -116,6 +125,14 @@ func (l *loop) offset() time.Duration {
 	l.anchorNs = l.anchor.UnixNano()
 	return 0
 }
+
+// What ended a timed run's context first (loop.cut): the first cause
+// decides whether the run timed out (rule 3).
+const (
+	cutNone    uint8 = iota // still live when DoFunc returned
+	cutTimeout              // its RunTimeout passed
+	cutOther                // a removal, update, trigger or the end of params.Context
+)
 
 // What the loop does after looking at the controller's state.
 type action uint8
@@ -200,7 +217,18 @@ func (c *Controller) callDo(l *loop) (err error, stack []byte) {
 func callTimed(l *loop) (error, []byte) {
 	ctx, cancel := context.WithTimeoutCause(l.runCtx, l.timeout, ErrRunTimeout)
 	defer cancel()
-	return call(l.do, ctx)
+	err, stack := call(l.do, ctx)
+	// The context keeps its first cause: the timeout, or the run
+	// context's cause when a removal or update came before it.
+	switch cause := context.Cause(ctx); {
+	case cause == nil:
+		l.cut = cutNone
+	case cause == ErrRunTimeout: // our own sentinel, never wrapped here
+		l.cut = cutTimeout
+	default:
+		l.cut = cutOther
+	}
+	return err, stack
 }
 
 // begin looks at the controller's state under the lock and decides whether
@@ -258,7 +286,9 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 	}
 	// A run an update or trigger asked for waits out the debounce window
 	// (debounce.go), but the first, and one held already.
-	if asked && c.mgr.debounce > 0 && l.ranDo && waited&stHeld == 0 && c.holdLocked(l, st, waited&stTimed != 0) {
+	timedDue := waited&stTimed != 0 || l.dueAfterRun
+	l.dueAfterRun = false
+	if asked && c.mgr.debounce > 0 && l.ranDo && waited&stHeld == 0 && c.holdLocked(l, st, timedDue) {
 		c.mu.Unlock()
 		return actWait, 0
 	}
@@ -318,7 +348,10 @@ func (c *Controller) adopt(l *loop, group Group, relabel bool) {
 //
 //go:noinline
 func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Duration, end int64) {
-	timedOut := l.timeout > 0 && took >= l.timeout
+	// A timed run timed out when its RunTimeout ended its context before
+	// anything else did, or, its timer not yet fired, when it lasted that
+	// long (rule 3).
+	timedOut := l.timeout > 0 && (l.cut == cutTimeout || l.cut == cutNone && took >= l.timeout)
 	o, err, msg := c.classify(l, err, stack, timedOut)
 	if o == outcomeFailure {
 		l.step++
@@ -340,8 +373,9 @@ func (c *Controller) afterRun(l *loop, err error, stack []byte, took time.Durati
 // scheduleLocked sets the loop up for its next wait after a run that ended
 // with o (rule 4): the timer is armed when the wait is timed and nothing
 // is pending (a signal that came during the run is in the signal channel
-// already). It reports whether this failure made the retries stop at
-// MaxRetries.
+// already). When something is pending, runStart still records when the
+// timed run would be due, for the debounce (l.dueAfterRun). It reports
+// whether this failure made the retries stop at MaxRetries.
 func (c *Controller) scheduleLocked(l *loop, o outcome, end int64) (gaveUp bool) {
 	p := &c.params
 	var jitter time.Duration
@@ -351,11 +385,14 @@ func (c *Controller) scheduleLocked(l *loop, o outcome, end int64) (gaveUp bool)
 	wait, timed := nextWait(o, p, l.step, jitter)
 	st := c.state.Load() &^ stRunning
 	l.timed = timed && st == 0
-	if l.timed {
-		c.armTimerLocked(wait)
+	l.dueAfterRun = timed && st != 0
+	if timed {
 		// The timed run starts when the timer is due: end + wait,
 		// saturating (a wait of the largest Duration never comes).
 		c.runStart = end + int64(min(wait, time.Duration(math.MaxInt64-end)))
+	}
+	if l.timed {
+		c.armTimerLocked(wait)
 		st = stTimed
 	}
 	c.state.Store(st)
@@ -397,8 +434,16 @@ func (c *Controller) finish(l *loop) {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	// An update to another group that no run followed (a removal came
+	// with it) left the goroutine with the old group's label: the
+	// StopFunc, of the newest parameters, runs under theirs (rule 8).
+	relabel, group := c.groupChanged, c.params.Group.Name
+	c.groupChanged = false
 	c.mu.Unlock()
 	if l.ranDo {
+		if relabel {
+			c.relabel(group)
+		}
 		c.runStopFunc()
 	}
 	c.mgr.release(c)

@@ -184,3 +184,50 @@ func TestRunMiddlewareThatPanicsOrDeclines(t *testing.T) {
 		})
 	})
 }
+
+// The run middleware is applied once per set of parameters, also with
+// the debounce on; timed runs (claimed without the lock), held
+// runs and triggered runs all go through the wrapped function; the
+// StopFunc never does.
+func TestRunMiddlewareOncePerParamsWithDebounce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var wraps, wrappedRuns, doRuns, stops int
+		var mu sync.Mutex
+		mw := func(_ RunInfo, do ControllerFunc) ControllerFunc {
+			mu.Lock()
+			wraps++
+			mu.Unlock()
+			return func(ctx context.Context) error {
+				mu.Lock()
+				wrappedRuns++
+				mu.Unlock()
+				return do(ctx)
+			}
+		}
+		m := NewManager(WithMetrics(nil), WithLogger(quietLogger()), WithRunMiddleware(mw), WithTriggerDebounce(500*time.Millisecond))
+		start := time.Now()
+		var at []time.Duration
+		p := ControllerParams{RunInterval: time.Second,
+			DoFunc: func(context.Context) error {
+				mu.Lock()
+				doRuns++
+				at = append(at, time.Since(start))
+				mu.Unlock()
+				return nil
+			},
+			StopFunc: func(context.Context) error { stops++; return nil }}
+		m.UpdateController("c", p)
+		time.Sleep(3500 * time.Millisecond)
+		m.UpdateController("c", p) // window over (last run at 3s): runs at once
+		time.Sleep(100 * time.Millisecond)
+		m.TriggerController("c") // held to 4.0s
+		time.Sleep(400*time.Millisecond + time.Millisecond)
+		m.RemoveAllAndWait()
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Equal(t, secs(0, 1, 2, 3, 3.5, 4), at)
+		assert.Equal(t, 2, wraps, "the install and the update")
+		assert.Equal(t, doRuns, wrappedRuns, "every run went through the middleware")
+		assert.Equal(t, 1, stops, "the StopFunc ran, unwrapped")
+	})
+}

@@ -37,7 +37,8 @@ func (c *Controller) mayBeCancelled(l *loop) bool {
 
 // classify decides what a run that returned err (and panicked with stack,
 // if not nil) was, by rule 3, and reads the error's message; timedOut
-// says the run lasted its RunTimeout. The error it returns is the one to
+// says the run's RunTimeout ended it before anything else cancelled it
+// (afterRun). The error it returns is the one to
 // record: err, errContextCanceled for a cancelled run, a
 // *RunTimeoutError, or an unreadableError for an error whose methods
 // panicked. It keeps l.lastFailure, the value of the last failure, so
@@ -51,18 +52,19 @@ func (c *Controller) classify(l *loop, err error, stack []byte, timedOut bool) (
 		// A panic is a failure, cancelled or not; panicError's message is
 		// our own.
 		return outcomeFailure, err, err.Error()
-	case err != nil && c.mayBeCancelled(l) && l.runCtx.Err() != nil:
-		// A removal or update cancelled the run: that wins over a
-		// timeout, which the run context does not carry.
-		l.lastFailure = nil
-		return outcomeExit, errContextCanceled, errContextCanceled.Error()
 	case timedOut:
+		// The timeout came first: a removal or update after it does
+		// not make the run a cancelled one.
 		l.lastFailure = nil
 		if err != nil {
 			err, _, _ = inspectError(err, false)
 		}
 		te := &RunTimeoutError{Timeout: l.timeout, Err: err}
 		return outcomeFailure, te, te.Error()
+	case err != nil && c.mayBeCancelled(l) && l.runCtx.Err() != nil:
+		// A removal or update cancelled the run, before any timeout.
+		l.lastFailure = nil
+		return outcomeExit, errContextCanceled, errContextCanceled.Error()
 	}
 	returned := err
 	// The same value as the last failure is a failure again, without

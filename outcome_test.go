@@ -332,3 +332,48 @@ func TestRunEventFitsInRegisters(t *testing.T) {
 		}
 	}
 }
+
+// Rule 3, the first cause wins: a DoFunc that ignores its context,
+// removed at 100ms, returning nil at 2s with a RunTimeout of 1s, was
+// cancelled before its RunTimeout passed, so it is no timeout, no failure
+// and not counted in run_timeouts.
+func TestRemovalBeforeTimeoutIsNotATimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		c := e.m.UpdateController("c", ControllerParams{
+			RunTimeout: time.Second,
+			DoFunc: func(ctx context.Context) error {
+				time.Sleep(2 * time.Second) // ignores ctx
+				return nil
+			},
+		})
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, e.m.RemoveControllerAndWait("c"))
+		assert.Equal(t, 0, c.GetFailureCount(), "last error: %v", c.GetLastError())
+		assert.False(t, errors.Is(c.GetLastError(), ErrRunTimeout), "last error: %v", c.GetLastError())
+		assert.Equal(t, 0.0, testutil.ToFloat64(e.metrics.timeouts), "controllers_run_timeouts_total")
+	})
+}
+
+// The converse: the run timed out at 1s (its context's cause is
+// ErrRunTimeout), then was removed at 1.5s, then returned an error at 2s.
+// The timeout came first, so by rule 3 it is a timed-out failure, not a
+// cancelled run.
+func TestTimeoutBeforeRemovalIsATimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		var cause error
+		c := e.m.UpdateController("c", ControllerParams{
+			RunTimeout: time.Second,
+			DoFunc: func(ctx context.Context) error {
+				time.Sleep(2 * time.Second) // ignores ctx
+				cause = context.Cause(ctx)
+				return errBoom
+			},
+		})
+		time.Sleep(1500 * time.Millisecond)
+		require.NoError(t, e.m.RemoveControllerAndWait("c"))
+		require.ErrorIs(t, cause, ErrRunTimeout, "the run context's first cause")
+		assert.ErrorIs(t, c.GetLastError(), ErrRunTimeout, "recorded")
+	})
+}

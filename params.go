@@ -122,7 +122,9 @@ type ControllerParams struct {
 	// RunTimeout bounds a run: DoFunc's context ends once the run has
 	// lasted this long, and a run that lasts this long is a failure
 	// wrapping [ErrRunTimeout], whatever DoFunc returned (rule 3),
-	// counted in controllers_run_timeouts_total. A DoFunc that ignores
+	// counted in controllers_run_timeouts_total; unless a removal,
+	// update or trigger cancelled it first (the first cause wins). A
+	// DoFunc that ignores
 	// its context still runs on: [Manager.Health] then names it. Zero:
 	// no bound (a run costs one context and one timer when set).
 	RunTimeout time.Duration

@@ -45,7 +45,7 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 			c.reportHealth(l.runCtx, l.health, nil)
 		}
 	}
-	if ev.any() || c.mgr.sink.enabled(levelDebug) {
+	if ev.any() || c.mgr.sink.enabled(l.runCtx, levelDebug) {
 		c.logRun(l.runCtx, o, err, ev, stack, l.step, took)
 	}
 }
@@ -57,7 +57,7 @@ func (c *Controller) report(l *loop, o outcome, err error, ev runEvent, stack []
 //
 //go:noinline
 func (c *Controller) logRun(ctx context.Context, o outcome, err error, ev runEvent, stack []byte, step int, took time.Duration) {
-	if c.mgr.sink.enabled(levelDebug) {
+	if c.mgr.sink.enabled(ctx, levelDebug) {
 		c.log(&logLine{ctx: ctx, level: levelDebug, msg: "controller run", err: err, duration: took, timed: true, outcome: o.String()})
 	}
 	switch {

@@ -31,14 +31,21 @@
 //     controller.cancel_cause holds the cause (see controller's
 //     ErrControllerRemoved and the others). The controller records an
 //     ExitReason, not a failure.
-//   - timeout: the run lasted its RunTimeout; the error is recorded and
-//     the span's status is Error, as the controller counts a failure.
+//   - timeout: the run's RunTimeout ended its context before anything
+//     else cancelled it (its cause is controller.ErrRunTimeout); the error
+//     is recorded and the span's status is Error, as the controller counts
+//     a failure.
 //   - failure: any other error, or a panic (recorded as "panic: <value>",
 //     and passed on to the controller, which recovers it); the error is
 //     recorded and the span's status is Error.
 //
 // These follow the controller's own rule 3 (see the package documentation
-// of github.com/bgctl/controller), seen from inside the run: a run whose
-// RunTimeout passed and that was then removed before it returned is a
-// timeout here and an exit in the controller's status.
+// of github.com/bgctl/controller), seen from inside the run: a timeout
+// followed by a removal is a timeout in both, a removal followed by a
+// timeout a cancelled run in both. One limit: the span reads the context
+// as DoFunc returns, and the controller also counts as timed out a run
+// that lasted its RunTimeout while the context's timer had not yet
+// cancelled it; a DoFunc that ignores its context and returns at the very
+// instant its RunTimeout passes may be a timeout in the controller's
+// status and a success (or a failure) here.
 package otel

@@ -256,3 +256,56 @@ func TestProviders(t *testing.T) {
 		})
 	})
 }
+
+// The documented limit: a DoFunc that ignores its context and returns
+// nil at the very instant its RunTimeout ends is a timeout in the
+// controller's record (it lasted its RunTimeout), and in the span only
+// when the context's timer cancelled the context before the middleware
+// read it; a DoFunc that saw its context ended makes it one in both.
+func TestSpanOutcomeOfARunEndingAtItsDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTracing(t)
+		var sawEnd bool
+		c := tr.m.UpdateController("c", controller.ControllerParams{
+			RunTimeout: time.Second,
+			DoFunc: func(ctx context.Context) error {
+				time.Sleep(time.Second) // ignores ctx
+				sawEnd = ctx.Err() != nil
+				return nil
+			},
+		})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		tr.m.RemoveAllAndWait()
+		require.ErrorIs(t, c.GetLastError(), controller.ErrRunTimeout, "the controller's record")
+		got := tr.runs(t, time.Now())
+		require.NotEmpty(t, got)
+		if sawEnd {
+			assert.Equal(t, "timeout", got[0].Outcome, "the span's outcome, the context ended")
+		} else {
+			assert.Contains(t, []string{"timeout", "success"}, got[0].Outcome, "the span's outcome, the context live at return")
+		}
+	})
+}
+
+// The run timed out at 1s, was removed at 1.5s, and returned an error at
+// 2s: the first cause wins, so the span and the controller both call it a
+// timeout.
+func TestSpanOutcomeOfATimeoutThenRemoval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTracing(t)
+		c := tr.m.UpdateController("c", controller.ControllerParams{
+			RunTimeout: time.Second,
+			DoFunc: func(ctx context.Context) error {
+				time.Sleep(2 * time.Second) // ignores ctx
+				return errors.New("late")
+			},
+		})
+		time.Sleep(1500 * time.Millisecond)
+		require.NoError(t, tr.m.RemoveControllerAndWait("c"))
+		got := tr.runs(t, time.Now())
+		require.Len(t, got, 1)
+		assert.Equal(t, "timeout", got[0].Outcome, "the span's outcome")
+		assert.ErrorIs(t, c.GetLastError(), controller.ErrRunTimeout, "the controller's record")
+	})
+}
