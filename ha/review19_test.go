@@ -1,0 +1,73 @@
+// Review of issue 19 items 4–8: failing tests for what the review found,
+// and passing ones for suspicions it disproved.
+
+package ha
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// A name may be long: each claims fine alone (a request of ~24 KB), but
+// 128 of them in one transaction exceed the client's 2 MiB send limit
+// (ResourceExhausted) and etcd's --max-request-bytes. The batches do not
+// shrink for that error as they do for --max-txn-ops; the replica still
+// converges (passes) only because retried names trickle into the queue
+// in small takes. Documents that the replica is not stuck.
+func TestReviewLongNamesAreClaimed(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	long := strings.Repeat("x", 12000)
+	for i := range 600 {
+		c.names = append(c.names, long+"-"+string(rune('a'+i%26))+strings.Repeat("y", i/26))
+	}
+	n := c.newNode("solo")
+	joinIdle(t, n, c.names)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		running := 0
+		for _, name := range c.names {
+			if n.r.Running(name) {
+				running++
+			}
+		}
+		if running == len(c.names) {
+			t.Logf("all %d run after %v (claim batch %d)", running, 20*time.Second-time.Until(deadline), n.r.claimBatch.Load())
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d long names run after 20s on the only replica (claim batch %d)", running, len(c.names), n.r.claimBatch.Load())
+		}
+		time.Sleep(50 * time.Millisecond)
+		if time.Until(deadline)%(2*time.Second) < 50*time.Millisecond {
+			t.Logf("%d running", running)
+		}
+	}
+}
+
+// A replica made with New that has not joined yet is not ready, but its
+// fence never passed: Health must not say ErrFencePassed ("its fence
+// passed; joining again") about a replica that never held a lease.
+func TestReviewHealthBeforeJoin(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	r, err := New(cli, Options{ID: "a", Prefix: "/review", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	err = r.Health()
+	if err == nil {
+		t.Fatal("Health() = nil before Join")
+	}
+	if errors.Is(err, ErrFencePassed) {
+		t.Errorf("Health() before Join = %q: says the fence passed, but it never joined", err)
+	}
+}
