@@ -4,7 +4,11 @@
 package ha
 
 import (
+	"context"
+	"sync/atomic"
+
 	"errors"
+	"github.com/bgctl/controller"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +73,48 @@ func TestReviewHealthBeforeJoin(t *testing.T) {
 	}
 	if errors.Is(err, ErrFencePassed) {
 		t.Errorf("Health() before Join = %q: says the fence passed, but it never joined", err)
+	}
+}
+
+// A DoFunc that calls Running, UpdateController (its own name) and Events
+// on its replica neither deadlocks the replica nor keeps Leave past its
+// bound. Documents a disproved suspicion.
+func TestReviewDoFuncCallsReplica(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.newNode("solo")
+	var calls atomic.Int64
+	var p controller.ControllerParams
+	p = controller.ControllerParams{
+		RunInterval: 10 * time.Millisecond,
+		DoFunc: func(ctx context.Context) error {
+			if !n.r.Running("self") {
+				t.Error("Running(self) = false inside its own DoFunc")
+			}
+			_ = n.r.UpdateController("self", p)
+			ev := n.r.Events(ctx)
+			_ = ev
+			calls.Add(1)
+			return nil
+		},
+	}
+	if err := n.r.UpdateController("self", p); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.r.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); calls.Load() < 20; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d DoFunc runs in 10s: deadlocked?", calls.Load())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := n.r.Leave(ctx); err != nil {
+		t.Errorf("Leave: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Leave took %v", took)
 	}
 }
