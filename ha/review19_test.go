@@ -118,3 +118,65 @@ func TestReviewDoFuncCallsReplica(t *testing.T) {
 		t.Errorf("Leave took %v", took)
 	}
 }
+
+// An operator (or anything) deletes each claim once, right after the
+// replica created it. A claim deleted while its batch's answer waits in
+// the loop's queue must still be noticed as lost: the replica must never
+// keep running a name whose claim is gone, for another replica that
+// becomes its owner would claim the free key and run it too.
+func TestReviewClaimDeletedBeforeTheBatchIsHandled(t *testing.T) {
+	c := newCluster(t, 600, testOptions())
+	op := newClient(t, testEtcd)
+	defer op.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wch := op.Watch(ctx, c.prefix+"/claims/", clientv3.WithPrefix())
+	deleted := make(chan int, 1)
+	go func() { // ends with ctx
+		seen := map[string]bool{}
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				k := string(ev.Kv.Key)
+				if ev.Type != clientv3.EventTypePut || seen[k] {
+					continue
+				}
+				seen[k] = true
+				_, _ = op.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", ev.Kv.CreateRevision)).Then(clientv3.OpDelete(k)).Commit()
+				if len(seen) == len(c.names) {
+					deleted <- len(seen)
+				}
+			}
+		}
+	}()
+	n := c.newNode("solo")
+	joinIdle(t, n, c.names)
+	select {
+	case <-deleted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not every claim was created within 20s")
+	}
+	// Give the replica time to notice, release and claim again.
+	var stale []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		stale = stale[:0]
+		resp, err := op.Get(ctx, c.prefix+"/claims/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[string]bool{}
+		for _, kv := range resp.Kvs {
+			held[strings.TrimPrefix(string(kv.Key), c.prefix+"/claims/")] = true
+		}
+		for _, name := range c.names {
+			if n.r.Running(name) && !held[name] {
+				stale = append(stale, name)
+			}
+		}
+		if len(stale) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(stale) > 0 {
+		t.Errorf("%d names run on the replica with no claim key in etcd, 10s after their claims were deleted: %v", len(stale), stale[:min(5, len(stale))])
+	}
+}
