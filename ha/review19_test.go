@@ -180,3 +180,65 @@ func TestReviewClaimDeletedBeforeTheBatchIsHandled(t *testing.T) {
 		t.Errorf("%d names run on the replica with no claim key in etcd, 10s after their claims were deleted: %v", len(stale), stale[:min(5, len(stale))])
 	}
 }
+
+// closedWithin reports whether ch is closed within d, draining it.
+func closedWithin(ch <-chan Event, d time.Duration) bool {
+	timeout := time.After(d)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return true
+			}
+		case <-timeout:
+			return false
+		}
+	}
+}
+
+// Subscribers that stop reading keep neither Close nor Leave waiting; one
+// whose ctx ends has its channel (and goroutine) closed although events
+// are queued for it; a reading subscriber's channel closes after Close;
+// Events after Close returns a closed channel. Documents disproved
+// suspicions.
+func TestReviewEventSubscribersEnd(t *testing.T) {
+	c := newCluster(t, 300, testOptions())
+	n := c.newNode("solo")
+	stuck := n.r.Events(context.Background()) // never read
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelled := n.r.Events(ctx)
+	reading := n.r.Events(context.Background())
+	joinIdle(t, n, c.names)
+	awaitAcquired(t, reading, len(c.names))
+	cancel()
+	// cancelled has ~300 unread events queued; its goroutine must still end.
+	select {
+	case ev, ok := <-cancelled:
+		// One event may have been in the hand-over when ctx ended.
+		if ok {
+			if _, ok := <-cancelled; ok {
+				t.Errorf("events channel still open after its ctx ended (got %v and more)", ev.Kind)
+			}
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("events channel not closed within 2s of its ctx ending")
+	}
+	start := time.Now()
+	if err := n.r.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if took := time.Since(start); took > c.opts.TTL {
+		t.Errorf("Close took %v with an unread subscriber, beyond TTL %v", took, c.opts.TTL)
+	}
+	if !closedWithin(reading, 5*time.Second) {
+		t.Error("a reading subscriber's channel was not closed within 5s of Close")
+	}
+	if !closedWithin(n.r.Events(context.Background()), time.Second) {
+		t.Error("Events after Close returned an open channel")
+	}
+	// Documented: an unread subscriber's goroutine lives until it is read
+	// (or its ctx ends); read to the end, its channel closes.
+	if !closedWithin(stuck, 5*time.Second) {
+		t.Error("an unread subscriber's channel did not close once drained after Close")
+	}
+}
