@@ -250,7 +250,7 @@ func TestReviewEventSubscribersEnd(t *testing.T) {
 // them for that error (only for ErrTooManyOps): every failed batch goes
 // back to the 100 ms retry, and names get through only when a worker
 // happens to take four or fewer. Before batching each name was claimed
-// alone and all ran at once. Fails: 57–85 of 100 not running after
+// alone and all ran at once. Fails here: 57–88 of 100 not running after
 // TTL + 5 s, and at times after 20 s.
 func TestReviewVeryLongNamesAreClaimed(t *testing.T) {
 	c := newCluster(t, 0, testOptions())
