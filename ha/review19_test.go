@@ -150,6 +150,15 @@ func TestReviewClaimDeletedBeforeTheBatchIsHandled(t *testing.T) {
 		}
 	}()
 	n := c.newNode("solo")
+	hammer, stopHammer := context.WithCancel(context.Background())
+	hammered := make(chan struct{})
+	go func() { // holds the replica's lock often, so that answers and watch events queue up together; joined below
+		defer close(hammered)
+		for hammer.Err() == nil {
+			_ = n.r.Status()
+		}
+	}()
+	defer func() { stopHammer(); <-hammered }()
 	joinIdle(t, n, c.names)
 	select {
 	case <-deleted:
