@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // claimWorkers is how many claim transactions one replica has in flight at
@@ -25,6 +27,30 @@ const claimWorkers = 2
 // started with less answers ErrTooManyOps; the replica then halves its
 // batches (Replica.claimBatch) until the server takes them.
 const maxClaimBatch = 128
+
+// maxClaimBytes bounds the bytes of one claim transaction: below etcd's
+// default request limit (--max-request-bytes, 1.5 MiB) and the client's
+// (2 MiB), so that long names are claimed in smaller batches rather than
+// refused whole. A name counts its key twice (the comparison and the put)
+// and the value once.
+const maxClaimBytes = 1 << 20
+
+// claimCost is what one name adds to a claim transaction, roughly.
+func (r *Replica) claimCost(name string) int {
+	return 2*(len(r.keys.claims)+len(name)) + len(r.opts.ID) + 32
+}
+
+// fitBytes returns how many of names, at least one, fit in maxClaimBytes.
+func (r *Replica) fitBytes(names []string) int {
+	total := 0
+	for i, name := range names {
+		total += r.claimCost(name)
+		if total > maxClaimBytes && i > 0 {
+			return i
+		}
+	}
+	return len(names)
+}
 
 // claimed is the outcome of one name's claim.
 type claimed struct {
@@ -110,19 +136,27 @@ func (r *Replica) claimWorker(ep *epoch) {
 func (r *Replica) claimAll(ep *epoch, names []string) {
 	out := make([]claimed, 0, len(names))
 	todo := names
+	tooLarge := maxClaimBatch + 1 // a chunk the server refused as too large, halved
 	for round := 0; len(todo) > 0; round++ {
 		var absent []string
 		for len(todo) > 0 {
-			size := int(r.claimBatch.Load())
+			size := min(int(r.claimBatch.Load()), tooLarge)
 			if round >= 2 {
 				size = 1 // a single key is created, or read: never absent again
 			}
 			chunk := todo[:min(size, len(todo))]
+			chunk = chunk[:r.fitBytes(chunk)]
 			got, missing, err := r.claimChunk(ep, chunk)
 			if len(chunk) > 1 && isTooManyOps(err) {
 				// The server takes fewer operations per transaction:
 				// halve, once for all workers, and try the chunk again.
 				r.claimBatch.CompareAndSwap(int32(size), int32(size/2))
+				continue
+			}
+			if len(chunk) > 1 && isTooLarge(err) {
+				// The server takes smaller requests than maxClaimBytes:
+				// halve for this call's chunks.
+				tooLarge = len(chunk) / 2
 				continue
 			}
 			todo = todo[len(chunk):]
@@ -206,6 +240,11 @@ func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent [
 		got = append(got, c)
 	}
 	return got, absent, nil
+}
+
+func isTooLarge(err error) bool {
+	return errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
+		status.Code(err) == codes.ResourceExhausted
 }
 
 func isTooManyOps(err error) bool {

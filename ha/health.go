@@ -47,12 +47,13 @@ var (
 func (r *Replica) Health() error {
 	r.mu.Lock()
 	v := healthView{
-		closed:  r.closed,
-		leased:  r.lease != 0,
-		joinErr: r.joinErr,
-		listed:  r.viewRev > 0,
-		silent:  time.Since(r.heard),
-		window:  r.opts.window(),
+		closed:   r.closed,
+		unjoined: r.fence == nil,
+		leased:   r.lease != 0,
+		joinErr:  r.joinErr,
+		listed:   r.viewRev > 0,
+		silent:   time.Since(r.heard),
+		window:   r.opts.window(),
 	}
 	_, v.inView = r.members[r.opts.ID]
 	if r.fence != nil && !r.fence.open() {
@@ -70,15 +71,16 @@ func (r *Replica) Health() error {
 
 // healthView is what Health decides from, read under Replica.mu.
 type healthView struct {
-	closed  bool
-	leased  bool          // holds a lease (in an epoch)
-	passed  bool          // the last fence has passed
-	cause   error         // why it passed, when not by its timer (the lease lost, the ID taken); nil: by its timer
-	joinErr error         // why the last attempt to join again failed
-	listed  bool          // the view has been listed in this epoch
-	inView  bool          // its own member key is in the view
-	silent  time.Duration // since the watch last spoke (or the view was listed, or the epoch began)
-	window  time.Duration // TTL − Margin
+	closed   bool
+	unjoined bool          // has never held a lease: no fence exists
+	leased   bool          // holds a lease (in an epoch)
+	passed   bool          // the last fence has passed
+	cause    error         // why it passed, when not by its timer (the lease lost, the ID taken); nil: by its timer
+	joinErr  error         // why the last attempt to join again failed
+	listed   bool          // the view has been listed in this epoch
+	inView   bool          // its own member key is in the view
+	silent   time.Duration // since the watch last spoke (or the view was listed, or the epoch began)
+	window   time.Duration // TTL − Margin
 }
 
 // healthError is one reason Health gives: its text, and the errors it
@@ -100,6 +102,8 @@ func (v healthView) err(id string) error {
 	switch {
 	case v.closed:
 		return reason("closed (Leave or Close was called)", ErrClosed)
+	case v.unjoined:
+		return reason("no lease: not joined (New without Join, or Join failed)", ErrNoLease)
 	case !v.leased:
 		text, reasons := "no lease: its fence passed", []error{ErrNoLease, ErrFencePassed}
 		if v.cause != nil {
