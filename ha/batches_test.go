@@ -288,3 +288,40 @@ func TestVeryLongNamesAreClaimed(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A replica that joins a running group gets its share released to it by
+// the others, and claims those names at once (Options.Settle's doc): none
+// of them waits for the Settle to end, even those released before its
+// first listing of the group.
+func TestJoinIntoARunningGroupDoesNotWaitSettle(t *testing.T) {
+	opts := testOptions()
+	opts.Settle = 4 * time.Second
+	c := newCluster(t, 300, opts)
+	a := c.join("a")
+	c.waitPlacement(c.expected([]string{"a"}), 15*time.Second)
+	b := c.newNode("b")
+	c.register(b)
+	want := namesOn(c.expected([]string{"a", "b"}), "b")
+	events := b.r.Events(t.Context())
+	start := time.Now()
+	if err := b.r.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	var last time.Duration
+	late := 0
+	for len(got) < len(want) {
+		if ev := nextEvent(t, events); ev.Kind == Acquired {
+			got[ev.Name] = true
+			last = time.Since(start)
+			if last >= opts.Settle {
+				late++
+			}
+		}
+	}
+	t.Logf("b claimed its %d names within %v of Join (Settle %v)", len(want), last, opts.Settle)
+	if late > 0 {
+		t.Errorf("%d of b's %d names in a running group were claimed only after the Settle (%v; the last at %v after Join): released to b before its first listing, the watch never showed their deletion", late, len(want), opts.Settle, last)
+	}
+	_ = a
+}

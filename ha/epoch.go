@@ -45,8 +45,13 @@ type epoch struct {
 	watchCancel context.CancelFunc
 	retry       *time.Timer // pending relist or acquire retry; nil: none
 	settle      *time.Timer // the first epoch's settling (Options.Settle); nil: none, or over
-	rewriting   bool        // a rewriteMember worker is out
-	retryNames  []string    // names to reconcile when retry fires
+	// joinedAt is the revision at which the member key was written (or
+	// read, when moved): a claim deleted after it may have been released
+	// to this replica before its first listing. 0 once that listing has
+	// looked (see handedBeforeListing).
+	joinedAt   int64
+	rewriting  bool     // a rewriteMember worker is out
+	retryNames []string // names to reconcile when retry fires
 }
 
 // maxInFlight bounds the etcd requests the workers of one replica send at
@@ -81,7 +86,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	mctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
 	defer cancel()
 	key := r.keys.members + r.opts.ID
-	created, kv, _, err := r.createIfAbsent(mctx, key, g.ID)
+	created, kv, joinedAt, err := r.createIfAbsent(mctx, key, g.ID)
 	if err != nil {
 		return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
 	}
@@ -106,11 +111,12 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		return fail(fmt.Errorf("ha: joining took longer than TTL − Margin (%v)", r.opts.window()))
 	}
 	ep := &epoch{
-		lease:   g.ID,
-		fence:   f,
-		results: make(chan result, maxInFlight),
-		claims:  newClaimQueue(),
-		sem:     make(chan struct{}, maxInFlight),
+		lease:    g.ID,
+		joinedAt: joinedAt,
+		fence:    f,
+		results:  make(chan result, maxInFlight),
+		claims:   newClaimQueue(),
+		sem:      make(chan struct{}, maxInFlight),
 	}
 	ep.ctx, ep.cancel = context.WithCancel(r.stopping)
 	ep.renew, ep.stopRenew = context.WithCancel(ep.ctx)

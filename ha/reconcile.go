@@ -114,6 +114,10 @@ func (r *Replica) relist(ep *epoch) error {
 	// The loop waits for this answer, and must see the fence pass.
 	stop := context.AfterFunc(ep.fence.ctx, cancel)
 	resp, err := r.cli.Get(ctx, r.keys.all, clientv3.WithPrefix())
+	var before map[string]bool
+	if err == nil {
+		before = r.handedBeforeListing(ctx, ep)
+	}
 	stop()
 	cancel()
 	if err != nil {
@@ -136,6 +140,11 @@ func (r *Replica) relist(ep *epoch) error {
 			r.claims[name] = c
 		}
 	}
+	for name := range before {
+		if _, held := r.claims[name]; !held && r.handed != nil {
+			r.handed[name] = struct{}{}
+		}
+	}
 	r.viewRev = resp.Header.Revision
 	r.allDirty = true
 	if _, ok := r.members[r.opts.ID]; !ok {
@@ -145,6 +154,34 @@ func (r *Replica) relist(ep *epoch) error {
 	w := r.startWatch(ep, resp.Header.Revision)
 	ep.watch, ep.watchCancel = w, w.stop
 	return nil
+}
+
+// handedBeforeListing returns, at the first listing of a settling epoch,
+// the names whose claim existed when the member key was written: the
+// other members may have released them to this replica before the watch,
+// which starts at the listing, could show it. Those still held at the
+// listing are left out by the caller; the others were handed over, and
+// are claimed at once rather than after the settling. Nil when there is
+// nothing to look for, or etcd cannot say (the revision compacted): then
+// they wait for the settling's end, as before.
+func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string]bool {
+	r.mu.Lock()
+	settling := r.handed != nil
+	r.mu.Unlock()
+	rev := ep.joinedAt
+	ep.joinedAt = 0
+	if !settling || rev == 0 {
+		return nil
+	}
+	resp, err := r.cli.Get(ctx, r.keys.claims, clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil
+	}
+	names := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		names[strings.TrimPrefix(string(kv.Key), r.keys.claims)] = true
+	}
+	return names
 }
 
 // apply brings a watch response's events into the view, and moves the
