@@ -75,7 +75,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		// The fence keeps counting with the TTL asked for, the shorter.
 		r.log.Warn(fmt.Sprintf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl))
 	}
-	f := newFence(sent.Add(r.opts.window()))
+	f := newFence(sent.Add(r.opts.fenceWindow()))
 	fail := func(err error) (*epoch, error) {
 		f.stop(err)
 		rctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
@@ -108,7 +108,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		}
 	}
 	if !f.open() {
-		return fail(fmt.Errorf("ha: joining took longer than TTL − Margin (%v)", r.opts.window()))
+		return fail(fmt.Errorf("ha: joining took longer than the fence allows, TTL − Margin − %v (%v)", cancelLead, r.opts.fenceWindow()))
 	}
 	ep := &epoch{
 		lease:    g.ID,
@@ -157,7 +157,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 		case err == nil:
 			r.opts.Metrics.rtt.Observe(time.Since(sent).Seconds())
 			ttl := min(time.Duration(resp.TTL)*time.Second, r.opts.TTL)
-			ep.fence.extend(sent.Add(ttl - r.opts.Margin))
+			ep.fence.extend(sent.Add(ttl - r.opts.Margin - cancelLead))
 		case isLeaseNotFound(err):
 			ep.fence.expire(errLeaseLost)
 			return

@@ -63,12 +63,13 @@ type Options struct {
 	// over. Zero: 10s.
 	TTL time.Duration
 
-	// Margin is how long before the lease could expire on the server the
-	// replica stops on its own when etcd does not answer: its fence
-	// passes at (send time of the last answered keepalive) + TTL − Margin.
-	// DoFuncs and StopFuncs must return within Margin once cancelled, and
-	// Margin must also cover the drift between the replica's clock and
-	// the server's over one TTL. It must be > 0 and < TTL. Zero: TTL/4.
+	// Margin is how long a DoFunc or StopFunc may take to return once its
+	// context is cancelled: the replica stops on its own when etcd does
+	// not answer, its fence passing at (send time of the last answered
+	// keepalive) + TTL − Margin − 100ms, the 100ms paying for the package's
+	// own delay in cancelling. Margin must also cover the drift between
+	// the replica's clock and the server's over one TTL. It must be at
+	// least 200ms and at most TTL − 200ms. Zero: TTL/4.
 	Margin time.Duration
 
 	// RequestTimeout bounds each etcd request of the replica but the
@@ -110,6 +111,11 @@ type Options struct {
 // check for it with errors.Is.
 var ErrInvalidOptions = errors.New("ha: invalid options")
 
+// minMargin is the least Margin a replica accepts: the package's own
+// cancel delay (cancelLead) comes out of the window before it, and a
+// DoFunc needs at least as much again to see its cancel and return.
+const minMargin = 2 * cancelLead
+
 // defaultTTL is the lease TTL when Options.TTL is 0.
 const defaultTTL = 10 * time.Second
 
@@ -144,20 +150,25 @@ func (o Options) normalize() (Options, error) {
 	if o.TTL == 0 {
 		o.TTL = defaultTTL
 	}
+	ttlOK := false
 	switch {
 	case o.TTL < time.Second:
 		bad("TTL must be at least 1s, got %v", o.TTL)
 	case o.TTL%time.Second != 0:
 		bad("TTL must be whole seconds (etcd leases count in seconds), got %v", o.TTL)
+	default:
+		ttlOK = true
 	}
-	if o.Margin == 0 {
+	if o.Margin == 0 && ttlOK {
 		o.Margin = o.TTL / 4
 	}
 	switch {
 	case o.Margin < 0:
 		bad("Margin must be > 0, got %v", o.Margin)
-	case o.Margin >= o.TTL:
-		bad("Margin must be less than TTL, got Margin %v with TTL %v", o.Margin, o.TTL)
+	case o.Margin > 0 && o.Margin < minMargin:
+		bad("Margin must be at least %v (the package's own cancel delay takes %v before the Margin starts), got %v", minMargin, cancelLead, o.Margin)
+	case ttlOK && o.Margin > o.TTL-minMargin:
+		bad("Margin must leave at least %v of TTL for renewing, got Margin %v with TTL %v", minMargin, o.Margin, o.TTL)
 	}
 	if o.Settle == 0 {
 		o.Settle = defaultSettle
@@ -165,7 +176,7 @@ func (o Options) normalize() (Options, error) {
 	if o.RequestTimeout < 0 {
 		bad("RequestTimeout must not be negative, got %v", o.RequestTimeout)
 	}
-	if o.RequestTimeout == 0 && o.Margin > 0 && o.Margin < o.TTL {
+	if o.RequestTimeout == 0 && len(errs) == 0 {
 		o.RequestTimeout = o.window() / 2
 	}
 	return o, errors.Join(errs...)
@@ -173,6 +184,10 @@ func (o Options) normalize() (Options, error) {
 
 // window is how long an answered keepalive keeps the fence open.
 func (o *Options) window() time.Duration { return o.TTL - o.Margin }
+
+// fenceWindow is how long an answered keepalive keeps the fence open,
+// counted from its send time: TTL − Margin − cancelLead.
+func (o *Options) fenceWindow() time.Duration { return o.window() - cancelLead }
 
 // keepAliveEvery is the period of the keepalives.
 func (o *Options) keepAliveEvery() time.Duration { return o.window() / 4 }

@@ -491,12 +491,11 @@ func (r *Replica) installLocked(name string, s *slot, p controller.ControllerPar
 		ctx, s.cancel = context.WithCancelCause(withClaim(base, s.claim))
 		cancel := s.cancel
 		s.ctx = ctx
-		// Its function runs once, on a goroutine of the context
-		// package's, when the fence passes; unhook stops it before.
-		s.unhook = context.AfterFunc(r.fence.ctx, func() { cancel(ErrFencePassed) })
+		// The fence calls cancel itself as it passes; unhook stops it
+		// before.
+		s.unhook = r.fence.hook(cancel)
 	}
 	f := r.fence
-	fenceCtx := f.ctx
 	do, stop := p.DoFunc, p.StopFunc
 	p.Context = s.ctx
 	if do != nil {
@@ -526,7 +525,7 @@ func (r *Replica) installLocked(name string, s *slot, p controller.ControllerPar
 			}
 			ctx, cancel := context.WithCancelCause(ctx)
 			defer cancel(context.Canceled)
-			defer context.AfterFunc(fenceCtx, func() { cancel(ErrFencePassed) })()
+			defer f.hook(cancel)()
 			return stop(ctx)
 		}
 	}
