@@ -52,6 +52,21 @@ type epoch struct {
 	joinedAt   int64
 	rewriting  bool     // a rewriteMember worker is out
 	retryNames []string // names to reconcile when retry fires
+	// unblock fires when the earliest name waiting on a lease that ended
+	// early may be claimed (blockedLocked); nil: none waits.
+	unblock   *time.Timer
+	unblockBy time.Time
+}
+
+// unblockAt arms ep.unblock to fire at until, unless it fires earlier.
+func (ep *epoch) unblockAt(until time.Time) {
+	if ep.unblock != nil && !until.Before(ep.unblockBy) {
+		return
+	}
+	if ep.unblock != nil {
+		ep.unblock.Stop()
+	}
+	ep.unblock, ep.unblockBy = time.NewTimer(time.Until(until)), until
 }
 
 // maxInFlight bounds the etcd requests the workers of one replica send at
@@ -126,10 +141,17 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	r.heard = time.Now() // the watch's silence counts from the epoch's start
 	r.allDirty = true
 	r.mu.Unlock()
-	ep.wg.Add(1 + claimWorkers)
-	go r.keepAlive(ep) // joined by endEpoch through ep.wg
+	ep.wg.Add(2 + claimWorkers)
+	go r.keepAlive(ep)  // joined by endEpoch through ep.wg
+	go r.pollLeases(ep) // joined by endEpoch through ep.wg
 	for range claimWorkers {
 		go r.claimWorker(ep) // joined by endEpoch through ep.wg
+	}
+	if prev != 0 {
+		// The member key is under the new lease: the previous one's
+		// claims can go, and read as given up (revokeOld).
+		ep.wg.Add(1)
+		go r.revokeOld(ep, prev) // joined by endEpoch through ep.wg
 	}
 	r.log.Info(fmt.Sprintf("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl), "lease", fmt.Sprintf("%x", int64(g.ID)))
 	r.emit(Event{Kind: LeaseGained, Lease: g.ID})
@@ -258,8 +280,15 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	r.handed = nil
 	r.lease = 0
 	r.fence = ep.fence // done once the fence is stopped below
+	if req == nil {
+		// The next epoch's first listing is compared with this view, to
+		// learn what went meanwhile (gateLocked).
+		r.prevClaims, r.prevMembers, r.prevLeaving = r.claims, r.memberLeases, r.leaving
+		r.claims, r.memberLeases, r.leaving = make(map[string]claimView), make(map[string]clientv3.LeaseID), make(map[string]clientv3.LeaseID)
+	}
 	clear(r.members)
 	clear(r.memberLeases)
+	clear(r.leaving)
 	clear(r.claims)
 	r.memberIDs, r.leader, r.viewRev = nil, "", 0
 	// Under mu, so that no install comes between: the slots are gone.
@@ -322,6 +351,9 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	if ep.settle != nil {
 		ep.settle.Stop()
 	}
+	if ep.unblock != nil {
+		ep.unblock.Stop()
+	}
 	ep.wg.Wait()
 	for name, s := range slots {
 		s.end()
@@ -343,15 +375,16 @@ func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err
 	}
 	switch {
 	case req == nil:
-		ctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
-		defer cancel()
-		_, _ = r.cli.Revoke(ctx, ep.lease) // best effort: unreachable, it expires
+		// Revoked by the next epoch, once its member key is written
+		// (revokeOld): revoked now, the claims would go with the member
+		// key, as in an early end, and the others would wait for them.
 		return nil
 	case req.leave && len(pending) > 0:
 		err = stillRunning("Leave")
 	case req.leave && err != nil:
 		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
 	case req.leave:
+		r.markLeaving(req.ctx, ep.lease)
 		if _, err = r.cli.Revoke(req.ctx, ep.lease); err != nil {
 			err = fmt.Errorf("ha: Leave: revoking the lease (the names move when it expires): %w", err)
 		} else {

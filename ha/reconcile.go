@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"time"
 
@@ -48,9 +49,12 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		}
 		r.reconcile(ep)
 		r.keepMemberKey(ep)
-		var retry, settled <-chan time.Time
+		var retry, settled, unblocked <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
+		}
+		if ep.unblock != nil {
+			unblocked = ep.unblock.C
 		}
 		if ep.settle != nil {
 			settled = ep.settle.C
@@ -75,7 +79,7 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 				continue
 			}
 			ep.watch.heard = time.Now()
-			r.apply(wr)
+			r.apply(ep, wr)
 		case now := <-check:
 			r.checkWatchNow(ep, now)
 		case <-r.wake:
@@ -86,6 +90,11 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 			r.mu.Lock()
 			r.handed = nil
 			r.allDirty = true
+			r.mu.Unlock()
+		case <-unblocked:
+			ep.unblock = nil
+			r.mu.Lock()
+			r.allDirty = true // names waited on a lease that ended early
 			r.mu.Unlock()
 		case <-retry:
 			ep.retry = nil
@@ -124,9 +133,18 @@ func (r *Replica) relist(ep *epoch) error {
 		return err
 	}
 	r.mu.Lock()
+	prevMembers, prevLeaving := r.prevMembers, r.prevLeaving
+	if prevMembers == nil {
+		prevMembers, prevLeaving = maps.Clone(r.memberLeases), maps.Clone(r.leaving)
+	}
 	clear(r.members)
 	clear(r.memberLeases)
+	clear(r.leaving)
 	prev := r.claims
+	if r.prevClaims != nil {
+		prev = r.prevClaims // the view of the epoch before, which ended at a fence pass
+	}
+	r.prevClaims, r.prevMembers, r.prevLeaving = nil, nil, nil
 	r.claims = make(map[string]claimView, len(prev))
 	r.memberIDs, r.leader = nil, ""
 	r.listedRev = resp.Header.Revision
@@ -140,6 +158,7 @@ func (r *Replica) relist(ep *epoch) error {
 			r.claims[name] = c
 		}
 	}
+	r.gateLocked(prev, prevMembers, prevLeaving, r.heard)
 	for name := range before {
 		if _, held := r.claims[name]; !held && r.handed != nil {
 			r.handed[name] = struct{}{}
@@ -193,7 +212,7 @@ func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string
 // 1,000 revisions and each carrying the store's current revision, and a
 // claim created after a batch's last event would look deleted
 // (stepLocked's lost) while its creation is still on the way.
-func (r *Replica) apply(wr clientv3.WatchResponse) {
+func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -202,7 +221,15 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 		r.viewRev = max(r.viewRev, wr.Header.Revision)
 		return
 	}
+	// A lease's end deletes its keys in one revision, which etcd never
+	// splits between responses: the deletions are judged a revision at a
+	// time (endsLocked).
+	ends := lastEnds{claims: make(map[string]claimView)}
 	for _, ev := range wr.Events {
+		if ev.Kv.ModRevision != ends.rev {
+			r.endsLocked(ep, &ends, now)
+			ends.rev = ev.Kv.ModRevision
+		}
 		r.viewRev = max(r.viewRev, ev.Kv.ModRevision)
 		if ev.Type == mvccpb.PUT {
 			r.putLocked(ev.Kv, now)
@@ -216,12 +243,26 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 				// saw it already.)
 				r.memberLost = true
 			}
+			if lease, had := r.memberLeases[id]; had {
+				if id == r.opts.ID && lease == ep.lease {
+					ends.own++
+				}
+				r.gone[id] = goneMember{lease: lease, leaving: r.leaving[id] == lease}
+			}
 			delete(r.memberLeases, id)
+			delete(r.leaving, id)
 			if _, had := r.members[id]; had {
 				delete(r.members, id)
 				r.membershipChangedLocked()
 			}
 		} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
+			if c, had := r.claims[name]; had {
+				if c.lease == ep.lease {
+					ends.own++
+				} else {
+					ends.claims[name] = c
+				}
+			}
 			delete(r.claims, name)
 			r.dirty[name] = struct{}{}
 			if r.handed != nil {
@@ -229,6 +270,7 @@ func (r *Replica) apply(wr clientv3.WatchResponse) {
 			}
 		}
 	}
+	r.endsLocked(ep, &ends, now)
 }
 
 // putLocked brings a key into the view. seen is when the watch delivered
@@ -239,7 +281,12 @@ func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 		if id == r.opts.ID && clientv3.LeaseID(kv.Lease) != r.lease {
 			r.memberLost = true
 		}
-		r.memberLeases[id] = clientv3.LeaseID(kv.Lease)
+		lease := clientv3.LeaseID(kv.Lease)
+		r.memberLeases[id] = lease
+		if string(kv.Value) == id+leavingSuffix {
+			r.leaving[id] = lease
+		}
+		r.liftLocked(id, lease)
 		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
 			r.members[id] = kv.CreateRevision
 			r.membershipChangedLocked()
@@ -308,6 +355,10 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 			if _, ok := r.handed[name]; !ok {
 				return // nobody handed it over: claimed when the settling ends
 			}
+		}
+		if until, blocked := r.blockedLocked(name); blocked {
+			ep.unblockAt(until) // its holder's lease ended early: see claimGoneLocked
+			return
 		}
 		s = newSlot(acquiring)
 		r.slots[name] = s
@@ -437,6 +488,10 @@ func (r *Replica) rewriteMember(ep *epoch) {
 		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
 		created, kv, _, err := r.createIfAbsent(ctx, key, ep.lease)
 		cancel()
+		if isLeaseNotFound(err) {
+			ep.fence.expire(errLeaseLost) // the key went with the lease
+			return
+		}
 		if err == nil {
 			res := result{kind: rewrote, ok: created}
 			if kv != nil {

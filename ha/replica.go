@@ -108,6 +108,24 @@ type Replica struct {
 	// loop when the settling ends.
 	handed map[string]struct{}
 	joined bool // Join was called and has not failed; the loop runs or is about to
+
+	// Early lease ends (earlyend.go). Guarded by mu; written by the loop,
+	// and leaseExpiry by the lease poller; kept from one epoch to the next.
+	//
+	//	leaving      members whose key shows them leaving, with the lease it is under
+	//	gone         members whose key the view saw go (or found gone at a listing)
+	//	leaseExpiry  for each member's lease, the earliest it could run out
+	//	quarantine   names not to claim before a time: their claim ended with a lease that ended early
+	//	gates        members whose lease ended unseen, maybe early: no free name is claimed before a time
+	//	prevClaims, prevMembers, prevLeaving  the view of the epoch that ended at a fence pass, for the next listing
+	leaving     map[string]clientv3.LeaseID
+	gone        map[string]goneMember
+	leaseExpiry map[clientv3.LeaseID]time.Time
+	quarantine  map[string]quarantined
+	gates       map[string]gate
+	prevClaims  map[string]claimView
+	prevMembers map[string]clientv3.LeaseID
+	prevLeaving map[string]clientv3.LeaseID
 }
 
 // keys are the etcd keys and prefixes of one Options.Prefix.
@@ -230,6 +248,11 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		claims:  make(map[string]claimView),
 
 		memberLeases: make(map[string]clientv3.LeaseID),
+		leaving:      make(map[string]clientv3.LeaseID),
+		gone:         make(map[string]goneMember),
+		leaseExpiry:  make(map[clientv3.LeaseID]time.Time),
+		quarantine:   make(map[string]quarantined),
+		gates:        make(map[string]gate),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.claimBatch.Store(maxClaimBatch)
