@@ -41,9 +41,10 @@
 // and none takes a share it would move at once; names another member
 // releases to it meanwhile it claims at once.
 //
-// [Replica.Leave] stops every controller, waits for them, then revokes the
-// lease, which deletes the member key and every claim at once: the other
-// replicas take the names over within a few etcd round trips. A replica
+// [Replica.Leave] stops every controller, waits for them, marks its member
+// key leaving, then revokes the lease, which deletes the member key and
+// every claim at once: the other replicas take the names over within a
+// few etcd round trips. A replica
 // that crashes keeps its claims until its lease expires on the server:
 // up to TTL after its last keepalive arrived, plus the server's expiry
 // sweep (half a second).
@@ -62,9 +63,15 @@
 //     revision, so it never deletes a newer holding.
 //  3. The fence. Each replica keeps a local deadline, extended only by
 //     answered keepalives, to (the time the answered request was sent) +
-//     TTL − Margin. The server counts the lease from when it received
-//     that request, which is later than its send time, so the lease
-//     cannot expire on the server before the fence passed plus Margin.
+//     TTL − Margin − 100ms. The server counts the lease from when it
+//     received that request, which is later than its send time, so the
+//     lease cannot expire on the server before the fence passed plus
+//     Margin plus 100ms. The 100ms pay for the package's own delay
+//     between the deadline and a DoFunc's context being done (a timer
+//     firing late on a busy machine, the cancellations), so that the
+//     whole Margin is the DoFunc's: its p99.9 measured 95ms under -race
+//     with both cores of a 2-core machine busy and the collector running
+//     (TestCancelDelayMeasurement, -ha.canceldelay=40).
 //     When the fence passes, the replica cancels the context of every
 //     DoFunc and StopFunc (cause [ErrFencePassed]) and runs nothing until
 //     it holds a new lease. No StopFunc starts once the fence has passed,
@@ -76,6 +83,37 @@
 //     can create the claim anew. Only one of them can be running when the
 //     fence passes: a StopFunc starts after the last DoFunc returned, and
 //     not at all after the fence.
+//  5. A lease the server ends early. Rule 3 trusts the server to keep a
+//     lease for TTL after an answered keepalive; a revoke by another
+//     client, or a stale etcd leader that wakes up (see Server versions),
+//     ends it sooner, and its claims with it. The holder's watch then
+//     shows two or more keys of its lease deleted in one revision (a
+//     release deletes one claim), and its fence passes at once; a
+//     keepalive refused for an unknown lease passes it too. The others
+//     do not claim the names of a lease that ended early until its holder
+//     has joined again under a new lease (it does so only after every
+//     controller of the old one terminated) or TTL has passed since they
+//     saw the end (by then the holder's last renewal, made before the end,
+//     has run out, so its fence has passed and its code returned, whatever
+//     it saw). To tell an early end from a lease that simply ran out, each
+//     replica reads every other member's remaining TTL every (TTL −
+//     Margin)/4: a lease whose keys go before the earliest moment it
+//     could run out by the last answer ended early; one that ran out (a
+//     crash, a partition) moves its names at once, as before. A released
+//     claim, a Leave (which marks its member key leaving first) and the
+//     old lease of a replica whose fence passed (revoked only once its
+//     member key moved to the new lease) move them at once too. A replica
+//     that lists the prefix afresh (a new watch, or a new epoch) compares
+//     the listing with its last view and judges what went meanwhile the
+//     same way; a member whose lease went unseen and maybe early holds
+//     back every free name the same way, since the names it claimed
+//     meanwhile are not known.
+//
+// Rule 5's test of a lease that ran out rests on the last answer read:
+// a holder whose keepalives were more than a second late, and whose lease
+// the server ended early right after a late one arrived, can look like
+// one whose lease ran out. Keys under the prefix are the package's:
+// deleting a claim or member key by hand is not supported.
 //
 // Margin must also cover how far the replica's clock may run slower than
 // the server's over one TTL; the replica measures with its monotonic
@@ -83,7 +121,7 @@
 // its election timeout; the fence always counts with the TTL asked for,
 // the shorter, and Join logs a warning when the server changed it.
 //
-// Rules 1 to 4 hold for crashes and partitions. They cannot hold for a
+// Rules 1 to 5 hold for crashes and partitions. They cannot hold for a
 // process that is frozen (SIGSTOP, a long pause) in the middle of a DoFunc
 // and wakes after its claim moved: no local deadline stops code that is
 // not running. For writes that must never come from a former holder, a
@@ -99,8 +137,14 @@
 //
 //   - a leader stuck on a slow disk or CPU went on revoking expired
 //     leases after a new leader had been elected, so leases kept alive
-//     through the new leader ended (etcd issue 15247; fixed by pull
-//     request 16822, in 3.6.0, backported to 3.5.13 and 3.4.31);
+//     through the new leader ended (etcd issue 15247; pull request 16822,
+//     in 3.6.0, backported to 3.5.13 and 3.4.31, made the old leader
+//     check that it still leads before it revokes). The fix is not
+//     whole: a leader frozen longer than TTL (SIGSTOP, a paused VM, a
+//     stalled host) skips the check when it wakes if it still counts
+//     itself active, and revokes the leases renewed meanwhile through the
+//     new leader; 3.6 and 3.7, 3.7.3 included, do so. Rule 5 covers it:
+//     the holders stop at once, and their names wait for them;
 //   - a keepalive that arrived while its lease was being revoked was
 //     answered as a renewal (fixed by pull request 20590, backported to
 //     3.6.5, 3.5.23 and 3.4.38).
@@ -158,7 +202,9 @@
 //
 // # Choosing TTL and Margin
 //
-// The defaults are TTL 10s and Margin TTL/4. A keepalive is sent every
+// The defaults are TTL 10s and Margin TTL/4; Margin must be at least
+// 200ms, and leave at least 200ms of TTL (the fence passes 100ms before
+// TTL − Margin, rule 3). A keepalive is sent every
 // (TTL − Margin)/4, one at a time, each waiting for its answer as long as
 // the fence has left, so a slow etcd still extends the fence. A crashed replica's names move after
 // about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
@@ -228,8 +274,10 @@
 // # Goroutines
 //
 // [New] starts none. [Replica.Join] starts the replica's loop goroutine,
-// which owns all others: the keepalive goroutine of the current lease, two
-// claim workers (however many names there are), one worker per name being
+// which owns all others: the keepalive goroutine of the current lease, the
+// goroutine that reads the other members' remaining TTLs (rule 5), one
+// that revokes the previous epoch's lease, two claim workers (however many
+// names there are), one worker per name being
 // released (it waits for the controller, then deletes the claim), and the
 // short ones that open the watch and request its progress, all joined when
 // that lease's epoch ends. [Replica.Leave] and [Replica.Close] join the

@@ -141,17 +141,20 @@ func (r *Replica) blockedLocked(name string) (time.Time, bool) {
 }
 
 // liftLocked ends the waits on member id, whose key the view now shows
-// under lease: a member that joined again under a new lease has seen
-// every controller of its old one terminate first.
-func (r *Replica) liftLocked(id string, lease clientv3.LeaseID) {
+// again. A key under a new lease means the member joined again,
+// which it does only once every controller of its old lease terminated;
+// a key written under the lease the waits are for proves that lease
+// alive after its claims went, so they went one by one, released (the
+// member key was deleted alone, and written again).
+func (r *Replica) liftLocked(id string) {
 	delete(r.gone, id)
 	for name, q := range r.quarantine {
-		if q.holder == id && q.lease != lease {
+		if q.holder == id {
 			delete(r.quarantine, name)
 			r.dirty[name] = struct{}{}
 		}
 	}
-	if g, ok := r.gates[id]; ok && g.lease != lease {
+	if _, ok := r.gates[id]; ok {
 		delete(r.gates, id)
 		r.allDirty = true
 	}

@@ -286,7 +286,7 @@ func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 		if string(kv.Value) == id+leavingSuffix {
 			r.leaving[id] = lease
 		}
-		r.liftLocked(id, lease)
+		r.liftLocked(id)
 		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
 			r.members[id] = kv.CreateRevision
 			r.membershipChangedLocked()
