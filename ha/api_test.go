@@ -219,3 +219,37 @@ func TestStrayClaimUnderOwnLeaseIsDeleted(t *testing.T) {
 		return err == nil && len(got.Kvs) == 0
 	})
 }
+
+// Every exported function and method that takes a context treats a nil
+// one as context.Background, as Leave always did: none crashes the
+// process, from the caller's goroutine or from the package's own.
+func TestNilContextIsBackground(t *testing.T) {
+	c := newCluster(t, 1, testOptions())
+	n := c.newNode("solo")
+	events := n.r.Events(nil) //nolint:staticcheck // a nil context is what the test passes
+	c.register(n)
+	if err := n.r.Join(nil); err != nil { //nolint:staticcheck
+		t.Fatalf("Join(nil): %v", err)
+	}
+	awaitAcquired(t, events, 1)
+	st, err := n.r.GroupStatus(nil) //nolint:staticcheck
+	if err != nil || len(st.Members) != 1 || st.Members[0].TTL == nil {
+		t.Errorf("GroupStatus(nil) = %+v, %v; want one member with its TTL", st.Members, err)
+	}
+	opts := c.opts
+	opts.Prefix, opts.ID = c.prefix, "other"
+	other, err := Join(nil, n.cli, opts) //nolint:staticcheck
+	if err != nil {
+		t.Fatalf("the package's Join(nil): %v", err)
+	}
+	if err := other.Leave(nil); err != nil { //nolint:staticcheck
+		t.Errorf("Leave(nil): %v", err)
+	}
+	if err := n.r.Leave(nil); err != nil { //nolint:staticcheck
+		t.Errorf("Leave(nil): %v", err)
+	}
+	c.forget(n)
+	if !closedWithin(events, 5*time.Second) {
+		t.Error("Events(nil)'s channel was not closed within 5s of Leave")
+	}
+}
