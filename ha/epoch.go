@@ -429,7 +429,8 @@ func (r *Replica) stopBetweenEpochs(req stopRequest) error {
 // every claim at once so the other replicas take the names over at once.
 // It waits for the replica's goroutines. When ctx ends first, the
 // StopFuncs' contexts are cancelled, the lease is left to expire, and the
-// error says so. Later calls return the first call's error.
+// error says so. Later calls return the first call's error. A nil ctx is
+// context.Background.
 func (r *Replica) Leave(ctx context.Context) error {
 	return r.stop(stopRequest{ctx: ctx, leave: true})
 }

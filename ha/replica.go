@@ -17,6 +17,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// orBackground returns ctx, or context.Background for a nil ctx: every
+// exported method taking a context accepts nil for it.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
+}
+
 // ErrClosed is returned by the methods of a [Replica] that has left or
 // been closed.
 var ErrClosed = errors.New("ha: replica closed")
@@ -237,7 +246,8 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 }
 
 // Join is [New], then [Replica.Join]: the replica is a member when it
-// returns, and claims names as they are registered.
+// returns, and claims names as they are registered. A nil ctx is
+// context.Background.
 func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, error) {
 	r, err := New(cli, opts)
 	if err != nil {
@@ -262,8 +272,10 @@ var ErrJoined = errors.New("ha: the replica has joined already")
 // how a crash looks to the others.
 //
 // After a failed Join the replica may Join again. It returns [ErrClosed]
-// after Leave or Close, and [ErrJoined] once it has joined.
+// after Leave or Close, and [ErrJoined] once it has joined. A nil ctx is
+// context.Background.
 func (r *Replica) Join(ctx context.Context) error {
+	ctx = orBackground(ctx)
 	r.mu.Lock()
 	switch {
 	case r.closed:

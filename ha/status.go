@@ -129,8 +129,9 @@ func (r *Replica) Status() Status {
 // member's lease ([MemberStatus.TTL]). It asks etcd, one request per
 // member, all at once, each within ctx and Options.RequestTimeout; the
 // error names the members whose lease etcd did not tell, and the Status
-// is complete but for their TTL.
+// is complete but for their TTL. A nil ctx is context.Background.
 func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
+	ctx = orBackground(ctx)
 	st := r.Status()
 	errs := make([]error, len(st.Members))
 	var wg sync.WaitGroup
