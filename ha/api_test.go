@@ -253,3 +253,51 @@ func TestNilContextIsBackground(t *testing.T) {
 		t.Error("Events(nil)'s channel was not closed within 5s of Leave")
 	}
 }
+
+// A Leave that comes while the replica waits for its controllers after
+// etcd lost its lease (a fence pass) is complete once they stopped: the
+// lease is gone, so the names have moved already. Its revocation, answered
+// "lease not found", is not Leave's failure.
+func TestLeaveAfterTheLeaseWasLostSucceeds(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.newNode("solo")
+	release := make(chan struct{})
+	err := n.r.UpdateController("slow", controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			<-ctx.Done()
+			<-release // past its Margin: the replica waits, and Leave comes meanwhile
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := n.r.Events(t.Context())
+	if err := n.r.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lease := expectEvent(t, events, Acquired, "slow", LeaseGained).Lease
+	op := newClient(t, testEtcd)
+	defer op.Close()
+	if _, err := op.Revoke(t.Context(), lease); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, events, FencePassed, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { left <- n.r.Leave(ctx) }() // joined below
+	// The loop takes the stop request from its channel while it waits for
+	// the DoFunc; only then does the DoFunc return.
+	waitFor(t, "the loop to take Leave's request", func() bool {
+		n.r.mu.Lock()
+		closed := n.r.closed
+		n.r.mu.Unlock()
+		return closed && len(n.r.stopReq) == 0
+	})
+	close(release)
+	if err := <-left; err != nil {
+		t.Errorf("Leave after the lease was lost = %v, want nil: the lease is gone, every name released", err)
+	}
+	c.forget(n)
+}
