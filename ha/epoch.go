@@ -352,9 +352,18 @@ func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err
 	case req.leave && err != nil:
 		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
 	case req.leave:
-		if _, err = r.cli.Revoke(req.ctx, ep.lease); err != nil {
+		_, err = r.cli.Revoke(req.ctx, ep.lease)
+		// The fence passed before the stop (its cause is not the
+		// ErrClosed of the stop): a lease etcd no longer knows is gone,
+		// and the names with it.
+		gone := isLeaseNotFound(err) && !errors.Is(context.Cause(ep.fence.ctx), ErrClosed)
+		switch {
+		case gone:
+			r.log.Info("left: the lease had ended already, every name released", "cause", context.Cause(ep.fence.ctx))
+			err = nil
+		case err != nil:
 			err = fmt.Errorf("ha: Leave: revoking the lease (the names move when it expires): %w", err)
-		} else {
+		default:
 			r.log.Info("left: every name released")
 		}
 	case len(pending) > 0:
