@@ -7,6 +7,7 @@ package ha
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,8 @@ import (
 )
 
 // A replica cut off until its lease expired finds, once healed, another
-// live replica joined under its ID. It retries every 200ms or so; it must
+// live replica joined under its ID. It retries, backing off to one attempt
+// per TTL (TestDuplicateIDRejoinBacksOff); it must
 // say why at Warn once, not at every attempt, show it in Status, and join
 // again as soon as the other leaves.
 func TestDuplicateIDIsReported(t *testing.T) {
@@ -66,7 +68,7 @@ func TestDuplicateIDIsReported(t *testing.T) {
 	c.waitPlacement(second, 10*time.Second)
 
 	a.proxy.heal()
-	const watchFor = 3 * time.Second // some fifteen attempts
+	const watchFor = 3 * time.Second // some nine attempts
 	time.Sleep(watchFor)
 	st := a.r.Status()
 	t.Logf("%v after the heal: %d warnings; status: lease %q, join error %q", watchFor, warned.n.Load(), st.Lease, st.JoinError)
@@ -168,5 +170,32 @@ func TestDuplicateIDRejoinBacksOff(t *testing.T) {
 	t.Logf("joined again %v after the other replica's lease was revoked", time.Since(gone))
 	if took := time.Since(gone); took > ttl+2*time.Second {
 		t.Errorf("joined again %v after the ID was free, want within TTL (%v) and a request", took, ttl)
+	}
+}
+
+// The pauses between attempts to join again double; they stop at 200ms
+// while etcd does not let the replica in, at TTL while another replica
+// holds its ID, and fall back to 200ms when the duplicate is gone.
+func TestRejoinWait(t *testing.T) {
+	const ttl = 10 * time.Second
+	dup := fmt.Errorf("%w: %q", ErrDuplicateID, "r0")
+	unreachable := context.DeadlineExceeded
+	for _, tc := range []struct {
+		wait time.Duration
+		err  error
+		want time.Duration
+	}{
+		{firstRejoinWait, unreachable, 40 * time.Millisecond},
+		{160 * time.Millisecond, unreachable, 200 * time.Millisecond},
+		{200 * time.Millisecond, unreachable, 200 * time.Millisecond},
+		{firstRejoinWait, dup, 40 * time.Millisecond},
+		{200 * time.Millisecond, dup, 400 * time.Millisecond},
+		{5120 * time.Millisecond, dup, ttl},
+		{ttl, dup, ttl},
+		{ttl, unreachable, 200 * time.Millisecond},
+	} {
+		if got := rejoinWait(tc.wait, tc.err, ttl); got != tc.want {
+			t.Errorf("rejoinWait(%v, %v, %v) = %v, want %v", tc.wait, tc.err, ttl, got, tc.want)
+		}
 	}
 }

@@ -201,9 +201,9 @@ func (r *Replica) run(ep *epoch) {
 }
 
 // rejoin starts a new epoch after a fence passed, retrying until it
-// succeeds or a stop request comes.
+// succeeds or a stop request comes, with the pauses of rejoinWait.
 func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
-	wait := 20 * time.Millisecond
+	wait := firstRejoinWait
 	var log rejoinLog
 	for {
 		select {
@@ -223,8 +223,28 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 			return nil, &req
 		case <-t.C:
 		}
-		wait = min(2*wait, 200*time.Millisecond)
+		wait = rejoinWait(wait, err, r.opts.TTL)
 	}
+}
+
+// firstRejoinWait is the pause after the first failed attempt to join
+// again.
+const firstRejoinWait = 20 * time.Millisecond
+
+// rejoinWait returns the pause after a failed attempt to join again, the
+// previous pause having been wait: twice wait, capped at 200ms when etcd
+// did not let the replica in (unreachable, slow), so that it joins soon
+// after etcd answers again; capped at ttl for ErrDuplicateID, since each
+// such attempt grants a lease and revokes it, and the ID frees up only
+// when the other replica leaves or its lease expires. From 20ms: 40ms,
+// 80ms, 160ms, 200ms, 200ms, …; for a duplicate ID with a TTL of 10s:
+// 40ms, 80ms, …, 5.12s, 10s, 10s, …
+func rejoinWait(wait time.Duration, err error, ttl time.Duration) time.Duration {
+	limit := 200 * time.Millisecond
+	if errors.Is(err, ErrDuplicateID) {
+		limit = max(ttl, limit)
+	}
+	return min(2*wait, limit)
 }
 
 // endEpoch ends ep: it takes every slot from the replica, removes every

@@ -36,7 +36,8 @@ type Status struct {
 	Fence controller.Duration `json:"fence"`
 	// JoinError says why this replica, whose fence passed, is not a
 	// member again yet: the error of its last attempt to join, which it
-	// retries every 200ms or so. A message wrapping [ErrDuplicateID] means
+	// retries after a pause that doubles up to 200ms, or up to TTL while
+	// another replica holds its ID. A message wrapping [ErrDuplicateID] means
 	// another live replica joined under this ID meanwhile: two processes
 	// share an ID, and this one runs nothing until the other leaves or
 	// its lease expires. "" while a member, and before any attempt failed.
