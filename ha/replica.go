@@ -345,6 +345,10 @@ func (r *Replica) UpdateController(name string, params controller.ControllerPara
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.updateControllerLocked(name, params)
+}
+
+func (r *Replica) updateControllerLocked(name string, params controller.ControllerParams) error {
 	if r.closed {
 		return fmt.Errorf("%w: UpdateController(%q)", ErrClosed, name)
 	}
@@ -387,25 +391,32 @@ func (r *Replica) RemoveController(name string) error {
 // name without keeping its own replica from stopping.
 func (r *Replica) RemoveControllerAndWait(name string) error {
 	s, term, err := r.unregister(name)
-	switch {
-	case err != nil:
-	case s == nil:
+	if err == nil {
+		r.awaitUnregistered(s, term)
+	}
+	return err
+}
+
+// awaitUnregistered waits, for RemoveControllerAndWait, until the slot s
+// of a name unregistered has ended, or its epoch ended and term (its
+// controller's termination channel) is closed, or the replica stopped.
+func (r *Replica) awaitUnregistered(s *slot, term chan struct{}) {
+	if s == nil {
 		select {
 		case <-term:
 		case <-r.done:
 		}
-	default:
+		return
+	}
+	select {
+	case <-s.done:
+	case <-r.done:
+	case <-s.lost:
 		select {
-		case <-s.done:
+		case <-term:
 		case <-r.done:
-		case <-s.lost:
-			select {
-			case <-term:
-			case <-r.done:
-			}
 		}
 	}
-	return err
 }
 
 // unregister forgets name's registration and returns its slot, if any,
@@ -414,6 +425,10 @@ func (r *Replica) RemoveControllerAndWait(name string) error {
 func (r *Replica) unregister(name string) (*slot, chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.unregisterLocked(name)
+}
+
+func (r *Replica) unregisterLocked(name string) (*slot, chan struct{}, error) {
 	if _, ok := r.regs[name]; !ok {
 		return nil, nil, errNotRegistered(name)
 	}
