@@ -293,6 +293,7 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 		s.since = time.Now()
 		r.opts.Metrics.acquired.Inc()
 		p, registered := r.regs[c.name]
+		registered = registered && !s.removed // registered again after a removal: claimed anew
 		ours := registered && r.ownerLocked(c.name) == r.opts.ID
 		switch {
 		case ours && ep.fence.open():

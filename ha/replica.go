@@ -79,7 +79,7 @@ type Replica struct {
 	// Guarded by mu; who writes what:
 	//
 	//	regs, joined, closed                    the API methods
-	//	slots                                   the loop; UpdateController rebinds a running slot's context
+	//	slots                                   the loop; UpdateController rebinds a running slot's context, unregister marks a slot removed
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
 	//	memberLeases, listedRev, heard          the loop
@@ -162,11 +162,16 @@ func (s slotState) String() string {
 // slot is a name this replica holds or is acquiring. Guarded by
 // Replica.mu.
 type slot struct {
-	state   slotState
-	claim   Claim           // set on leaving acquiring
-	reason  Reason          // why its controller was removed; "" while it runs, or when it never ran
-	since   time.Time       // when the claim's creation was answered; set with claim
-	stray   bool            // a claim of this lease found without a slot, released at once; never counted as held
+	state  slotState
+	claim  Claim     // set on leaving acquiring
+	reason Reason    // why its controller was removed; "" while it runs, or when it never ran
+	since  time.Time // when the claim's creation was answered; set with claim
+	stray  bool      // a claim of this lease found without a slot, released at once; never counted as held
+	// removed: the name was unregistered while it had this slot. The slot
+	// is released as for a removal even if the name is registered again
+	// before the loop saw it: the new registration claims anew and runs
+	// as a new controller, as on a Manager. Set by unregister.
+	removed bool
 	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
 	userCtx context.Context // the registration's Context ctx was made from
 	cancel  context.CancelCauseFunc
@@ -353,7 +358,7 @@ func (r *Replica) updateControllerLocked(name string, params controller.Controll
 		return fmt.Errorf("%w: UpdateController(%q)", ErrClosed, name)
 	}
 	r.regs[name] = params
-	if s := r.slots[name]; s != nil && s.state == running {
+	if s := r.slots[name]; s != nil && s.state == running && !s.removed {
 		r.installLocked(name, s, params)
 	}
 	r.markDirtyLocked(name)
@@ -366,7 +371,7 @@ func (r *Replica) updateControllerLocked(name string, params controller.Controll
 func (r *Replica) TriggerController(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if s := r.slots[name]; s != nil && s.state == running {
+	if s := r.slots[name]; s != nil && s.state == running && !s.removed {
 		return r.inner.TriggerController(name)
 	}
 	return false
@@ -374,10 +379,12 @@ func (r *Replica) TriggerController(name string) bool {
 
 // RemoveController unregisters name on this replica. If it runs here, it
 // is removed and, once it has stopped (StopFunc included), its claim is
-// deleted; without waiting for that. Unregister a name on every replica,
-// or another replica that still has it registered takes it over. The
-// error wraps [controller.ErrControllerNotFound] for a name not
-// registered.
+// deleted; without waiting for that. A name registered again meanwhile
+// runs, as on a Manager, as a new controller: once the removed one has
+// stopped (StopFunc included) and its claim is deleted, the replica claims
+// the name anew. Unregister a name on every replica, or another replica
+// that still has it registered takes it over. The error wraps
+// [controller.ErrControllerNotFound] for a name not registered.
 func (r *Replica) RemoveController(name string) error {
 	_, _, err := r.unregister(name)
 	return err
@@ -433,6 +440,9 @@ func (r *Replica) unregisterLocked(name string) (*slot, chan struct{}, error) {
 		return nil, nil, errNotRegistered(name)
 	}
 	delete(r.regs, name)
+	if s := r.slots[name]; s != nil {
+		s.removed = true
+	}
 	r.markDirtyLocked(name)
 	// Taken before the loop removes the controller, which forgets the
 	// name. Without a slot, a controller may still be stopping here (its
@@ -455,7 +465,7 @@ func (r *Replica) Running(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.slots[name]
-	return s != nil && s.state == running
+	return s != nil && s.state == running && !s.removed
 }
 
 // Manager returns the Manager this replica installs the names it runs
