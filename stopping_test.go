@@ -273,3 +273,45 @@ func TestTerminationChannelCostsTheSameAtAnyScale(t *testing.T) {
 		t.Errorf("a call costs %.1f times as much with 8 times as many controllers stopping: it scans them", ratio)
 	}
 }
+
+// A name removed, installed again and removed again while its first
+// controller still stops: once the second has terminated, the name's
+// TerminationChannel is the first's, still stopping, also after removals
+// of other names have pruned the stopping list.
+func TestTerminationChannelFindsAnEarlierRemovalStillStopping(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		slow := func(d time.Duration) ControllerParams {
+			return ControllerParams{DoFunc: NoopFunc, StopFunc: func(context.Context) error {
+				time.Sleep(d)
+				return nil
+			}}
+		}
+		start := time.Now()
+		e.m.UpdateController("a", slow(10*time.Second))
+		synctest.Wait()
+		require.NoError(t, e.m.RemoveController("a"))
+		e.m.UpdateController("a", slow(time.Second))
+		synctest.Wait()
+		require.NoError(t, e.m.RemoveControllerAndWait("a"))
+		for _, name := range names(100) { // fill and prune the list
+			e.m.UpdateController(name, ControllerParams{DoFunc: NoopFunc})
+			synctest.Wait()
+			require.NoError(t, e.m.RemoveControllerAndWait(name))
+		}
+		ch := e.m.TerminationChannel("a")
+		select {
+		case <-ch:
+			t.Fatal("closed while the first controller's StopFunc still runs")
+		default:
+		}
+		<-ch
+		assert.Equal(t, 10*time.Second, time.Since(start), "closed when the first StopFunc returned")
+		select {
+		case <-e.m.TerminationChannel("a"):
+		default:
+			t.Fatal("the name's channel once both terminated is open")
+		}
+		e.m.RemoveAllAndWait()
+	})
+}
