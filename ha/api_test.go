@@ -301,3 +301,39 @@ func TestLeaveAfterTheLeaseWasLostSucceeds(t *testing.T) {
 	}
 	c.forget(n)
 }
+
+// Close during a Join that waits for etcd returns within TTL, as it does
+// at any other moment: Join's requests (the grant, the member key, the
+// version check) end with the Close, each of which could otherwise take
+// RequestTimeout. Join then fails with ErrClosed.
+func TestCloseDuringJoinReturnsWithinTTL(t *testing.T) {
+	opts := testOptions()
+	opts.RequestTimeout = 10 * time.Second // longer than TTL: only the Close may end the requests
+	c := newCluster(t, 0, opts)
+	n := c.newNode("solo")
+	n.proxy.cut() // the grant waits
+	joined := make(chan error, 1)
+	go func() { joined <- n.r.Join(context.Background()) }() // joined below
+	waitFor(t, "Join to start", func() bool {
+		n.r.mu.Lock()
+		defer n.r.mu.Unlock()
+		return n.r.joined
+	})
+	start := time.Now()
+	err := n.r.Close()
+	took := time.Since(start)
+	t.Logf("Close during Join took %v (TTL %v, RequestTimeout %v): %v", took, opts.TTL, opts.RequestTimeout, err)
+	if took > opts.TTL {
+		t.Errorf("Close during Join took %v, past TTL %v", took, opts.TTL)
+	}
+	select {
+	case err := <-joined:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Join interrupted by Close = %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Join still waits 10s after Close returned")
+	}
+	n.proxy.heal()
+	c.forget(n)
+}
