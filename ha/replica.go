@@ -273,7 +273,8 @@ var ErrJoined = errors.New("ha: the replica has joined already")
 // grants a lease of Options.TTL, writes its member key under it, and
 // starts the replica's goroutines (the loop, which owns the keepalive
 // goroutine and the request workers). ctx bounds only the grant and the
-// write. The client must outlive the Replica; closing it without Leave is
+// write (and the version check); a Close meanwhile ends them, and Join
+// then returns an error wrapping [ErrClosed]. The client must outlive the Replica; closing it without Leave is
 // how a crash looks to the others.
 //
 // After a failed Join the replica may Join again. It returns [ErrClosed]
@@ -292,6 +293,11 @@ func (r *Replica) Join(ctx context.Context) error {
 	}
 	r.joined = true
 	r.mu.Unlock()
+	// Close (and a Leave whose context ended) ends Join's requests too, so
+	// that it returns within its bound at any moment.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.stopping, cancel)()
 	ep, err := r.startEpoch(ctx, 0)
 	if err != nil {
 		r.mu.Lock()
@@ -303,6 +309,7 @@ func (r *Replica) Join(ctx context.Context) error {
 			// runs and nothing is held.
 			r.abort()
 			r.finish()
+			return fmt.Errorf("%w: Join: stopped while joining: %w", ErrClosed, err)
 		}
 		return err
 	}
