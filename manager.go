@@ -69,12 +69,21 @@ type Manager struct {
 	// cohort, which each removal joins. watch warns of those that stop
 	// too slowly (stopping.go): made on the first removal, armed while
 	// watchArmed.
-	stopping   []stoppingController
-	cohort     *stopCohort
-	watch      *time.Timer
-	watchArmed bool
-	sink       logSink // where the controllers log, resolved from the options
-	sinkSet    bool
+	stopping []stoppingController
+	// stoppingByName indexes stopping for TerminationChannel, which a
+	// mass removal calls per name: the controller last removed under each
+	// name, while stopping holds it. shadowed maps a removed controller to
+	// the one removed before it under the same name, if that one was still
+	// stopping then (rare: a name removed, installed and removed again
+	// before its first controller stopped). Both are kept by
+	// indexStoppingLocked and pruneStoppingLocked (stopping.go).
+	stoppingByName map[string]*Controller
+	shadowed       map[*Controller]*Controller
+	cohort         *stopCohort
+	watch          *time.Timer
+	watchArmed     bool
+	sink           logSink // where the controllers log, resolved from the options
+	sinkSet        bool
 }
 
 // Option configures a Manager made by [NewManager]. An Option may also be
@@ -351,6 +360,7 @@ func (m *Manager) stopLocked(c *Controller) {
 			m.pruneStoppingLocked()
 		}
 		m.stopping = append(m.stopping, stoppingController{c: c, removed: time.Now().UnixNano()})
+		m.indexStoppingLocked(c)
 		m.stoppingN.Add(1)
 		c.cohort = m.openCohortLocked()
 		c.cohort.pending.Add(1)
@@ -388,19 +398,45 @@ func (m *Manager) release(c *Controller) {
 	c.cohort.release(1)
 }
 
-// pruneStoppingLocked drops terminated controllers from m.stopping, so it
-// does not keep them from the garbage collector.
+// pruneStoppingLocked drops terminated controllers from m.stopping, and
+// from its index, so it does not keep them from the garbage collector.
+// A list still more than half full after pruning doubles its capacity, so
+// that the next prune, which stopLocked makes when the list is full, comes
+// after as many removals as the list holds: pruning stays linear however
+// the removals and terminations interleave.
 func (m *Manager) pruneStoppingLocked() {
 	if m.stoppingN.Load() == 0 {
 		if cap(m.stopping) > 1024 {
-			m.stopping = nil // let a big list go, after a big removal
+			// Let a big list and its index go, after a big removal.
+			m.stopping, m.stoppingByName, m.shadowed = nil, nil, nil
 			return
 		}
 		clear(m.stopping)
 		m.stopping = m.stopping[:0]
+		clear(m.stoppingByName)
+		clear(m.shadowed)
 		return
 	}
-	m.stopping = slices.DeleteFunc(m.stopping, func(s stoppingController) bool { return s.c.done() })
+	reindex := len(m.shadowed) > 0 // a chain may pass through a pruned controller
+	m.stopping = slices.DeleteFunc(m.stopping, func(s stoppingController) bool {
+		if !s.c.done() {
+			return false
+		}
+		if !reindex && m.stoppingByName[s.c.name] == s.c {
+			delete(m.stoppingByName, s.c.name)
+		}
+		return true
+	})
+	if reindex {
+		clear(m.stoppingByName)
+		clear(m.shadowed)
+		for _, s := range m.stopping {
+			m.indexStoppingLocked(s.c)
+		}
+	}
+	if len(m.stopping) > cap(m.stopping)/2 {
+		m.stopping = slices.Grow(m.stopping, len(m.stopping))
+	}
 }
 
 // RemoveAll removes every controller of the Manager without waiting, as
@@ -422,7 +458,8 @@ func (m *Manager) removeAllAndSeal(close bool) *stopCohort {
 	m.removeAllLocked()
 	co := m.sealCohortLocked()
 	if co == nil {
-		m.stopping = nil // nothing is stopping: let the list go
+		// Nothing is stopping: let the list and its index go.
+		m.stopping, m.stoppingByName, m.shadowed = nil, nil, nil
 	}
 	return co
 }
@@ -433,6 +470,9 @@ func (m *Manager) removeAllLocked() {
 	m.controllers, m.sorted, m.sortedUUIDs = nil, nil, ""
 	m.pruneStoppingLocked()
 	m.stopping = slices.Grow(m.stopping, len(cs))
+	if m.stoppingByName == nil && !m.fake {
+		m.stoppingByName = make(map[string]*Controller, len(cs))
+	}
 	if m.fake {
 		for _, c := range cs {
 			m.stopLocked(c) // its fake controllers are not counted as stopping
@@ -447,6 +487,7 @@ func (m *Manager) removeAllLocked() {
 		now := time.Now().UnixNano()
 		for _, c := range cs {
 			m.stopping = append(m.stopping, stoppingController{c: c, removed: now})
+			m.indexStoppingLocked(c)
 			c.cohort = co
 			c.remove(m.closed)
 		}
@@ -527,12 +568,8 @@ func (m *Manager) TerminationChannel(name string) chan struct{} {
 	m.mu.Lock()
 	c, ok := m.controllers[name]
 	if !ok {
-		for i := len(m.stopping) - 1; i >= 0; i-- {
-			if s := m.stopping[i].c; s.name == name && !s.done() {
-				c, ok = s, true
-				break
-			}
-		}
+		c = m.lastStoppingLocked(name)
+		ok = c != nil
 	}
 	m.mu.Unlock()
 	if ok {

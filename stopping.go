@@ -123,6 +123,34 @@ func (c *Controller) logSlowStop(d time.Duration) {
 	c.log(&logLine{ctx: ctx, level: levelWarn, msg: fmt.Sprintf("controller removed %s ago is still stopping: its %s has not returned", d.Round(time.Millisecond), fn), duration: d, timed: true})
 }
 
+// indexStoppingLocked records c, just appended to m.stopping, as the
+// controller last removed under its name.
+func (m *Manager) indexStoppingLocked(c *Controller) {
+	if m.stoppingByName == nil {
+		m.stoppingByName = make(map[string]*Controller)
+	}
+	if prev, ok := m.stoppingByName[c.name]; ok && !prev.done() {
+		if m.shadowed == nil {
+			m.shadowed = make(map[*Controller]*Controller)
+		}
+		m.shadowed[c] = prev
+	}
+	m.stoppingByName[c.name] = c
+}
+
+// lastStoppingLocked returns the controller last removed under name that
+// has not terminated, nil when there is none: the index's, or the first
+// of those it shadowed that is still stopping. A controller terminated
+// when the next was removed is never shadowed: every earlier one had
+// terminated too, or was shadowed itself.
+func (m *Manager) lastStoppingLocked(name string) *Controller {
+	c := m.stoppingByName[name]
+	for c != nil && c.done() {
+		c = m.shadowed[c]
+	}
+	return c
+}
+
 // GetStoppingStatus returns the status of every controller removed from
 // the Manager whose DoFunc or StopFunc has not returned yet, sorted by
 // name, then UUID. Each has Status.RemovedTimestamp set; a non-nil

@@ -24,8 +24,8 @@ const claimWorkers = 2
 // maxClaimBatch is how many names one claim transaction creates at most:
 // etcd's default --max-txn-ops, which bounds each of a transaction's
 // comparisons, its operations on success and those on failure. A server
-// started with less answers ErrTooManyOps; the replica then halves its
-// batches (Replica.claimBatch) until the server takes them.
+// started with less answers ErrTooManyOps; the replica then halves the
+// refused chunk into Replica.claimBatch until the server takes them.
 const maxClaimBatch = 128
 
 // maxClaimBytes bounds the bytes of one claim transaction: below etcd's
@@ -149,8 +149,11 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 			got, missing, err := r.claimChunk(ep, chunk)
 			if len(chunk) > 1 && isTooManyOps(err) {
 				// The server takes fewer operations per transaction:
-				// halve, once for all workers, and try the chunk again.
-				r.claimBatch.CompareAndSwap(int32(size), int32(size/2))
+				// halve the chunk refused, for all workers, and try
+				// again. Halved from the chunk, not from claimBatch: a
+				// chunk cut short by tooLarge or fitBytes is smaller,
+				// and a retry must never resend the same chunk.
+				r.shrinkClaimBatch(len(chunk) / 2)
 				continue
 			}
 			if len(chunk) > 1 && isTooLarge(err) {
@@ -172,6 +175,17 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 		todo = absent
 	}
 	r.report(ep, result{kind: acquired, claims: out})
+}
+
+// shrinkClaimBatch lowers claimBatch to at most n, unless another worker
+// lowered it further meanwhile.
+func (r *Replica) shrinkClaimBatch(n int) {
+	for {
+		cur := r.claimBatch.Load()
+		if int(cur) <= n || r.claimBatch.CompareAndSwap(cur, int32(n)) {
+			return
+		}
+	}
 }
 
 // claimChunk creates the claims of names under the epoch's lease in one
@@ -279,6 +293,7 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 		s.since = time.Now()
 		r.opts.Metrics.acquired.Inc()
 		p, registered := r.regs[c.name]
+		registered = registered && !s.removed // registered again after a removal: claimed anew
 		ours := registered && r.ownerLocked(c.name) == r.opts.ID
 		switch {
 		case ours && ep.fence.open():

@@ -7,6 +7,8 @@ package ha
 import (
 	"context"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,4 +151,37 @@ func TestJoinHoldsNoGoroutinePerName(t *testing.T) {
 	if most > 200 {
 		t.Errorf("%d goroutines beyond the controllers while %d names were claimed: one per name?", most, names)
 	}
+}
+
+// A server whose gRPC limit (--max-request-bytes plus etcd's 512 KiB of
+// overhead) refuses a whole batch as too large, and whose --max-txn-ops
+// then refuses the halved chunk as too many operations: every refusal
+// must shrink the next chunk, and every name must be claimed. Names of
+// 3,000 bytes make a batch of 128 about 780 KB, above the 576 KiB the
+// server's gRPC takes; 64 pass it and meet --max-txn-ops 20; 16 pass that
+// and exceed --max-request-bytes itself (64 KiB, ErrRequestTooLarge).
+func TestBatchesShrinkForTooLargeThenTooManyOps(t *testing.T) {
+	needEtcd(t)
+	addr, stop, err := startEtcdOnce(testEtcdBin, "--max-txn-ops", "20", "--max-request-bytes", "65536")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	c := newCluster(t, 0, testOptions())
+	long := strings.Repeat("x", 3000)
+	for i := range 256 {
+		c.names = append(c.names, long+"-"+strconv.Itoa(i))
+	}
+	n := c.newNodeVia("solo", addr)
+	ran := joinIdle(t, n, c.names)
+	const limit = 20 * time.Second
+	for deadline := time.Now().Add(limit); ran.Load() < int64(len(c.names)); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d names ran within %v (claim batch %d): the refused chunks did not shrink", ran.Load(), len(c.names), limit, n.r.claimBatch.Load())
+		}
+	}
+	if got := n.r.claimBatch.Load(); got > 20 {
+		t.Errorf("batches of %d names against a server that takes 20 operations", got)
+	}
+	c.crash(n)
 }

@@ -220,3 +220,121 @@ func TestStrayClaimUnderOwnLeaseIsDeleted(t *testing.T) {
 		return err == nil && len(got.Kvs) == 0
 	})
 }
+
+// Every exported function and method that takes a context treats a nil
+// one as context.Background, as Leave always did: none crashes the
+// process, from the caller's goroutine or from the package's own.
+func TestNilContextIsBackground(t *testing.T) {
+	c := newCluster(t, 1, testOptions())
+	n := c.newNode("solo")
+	events := n.r.Events(nil) //nolint:staticcheck // a nil context is what the test passes
+	c.register(n)
+	if err := n.r.Join(nil); err != nil { //nolint:staticcheck
+		t.Fatalf("Join(nil): %v", err)
+	}
+	awaitAcquired(t, events, 1)
+	st, err := n.r.GroupStatus(nil) //nolint:staticcheck
+	if err != nil || len(st.Members) != 1 || st.Members[0].TTL == nil {
+		t.Errorf("GroupStatus(nil) = %+v, %v; want one member with its TTL", st.Members, err)
+	}
+	opts := c.opts
+	opts.Prefix, opts.ID = c.prefix, "other"
+	other, err := Join(nil, n.cli, opts) //nolint:staticcheck
+	if err != nil {
+		t.Fatalf("the package's Join(nil): %v", err)
+	}
+	if err := other.Leave(nil); err != nil { //nolint:staticcheck
+		t.Errorf("Leave(nil): %v", err)
+	}
+	if err := n.r.Leave(nil); err != nil { //nolint:staticcheck
+		t.Errorf("Leave(nil): %v", err)
+	}
+	c.forget(n)
+	if !closedWithin(events, 5*time.Second) {
+		t.Error("Events(nil)'s channel was not closed within 5s of Leave")
+	}
+}
+
+// A Leave that comes while the replica waits for its controllers after
+// etcd lost its lease (a fence pass) is complete once they stopped: the
+// lease is gone, so the names have moved already. Its revocation, answered
+// "lease not found", is not Leave's failure.
+func TestLeaveAfterTheLeaseWasLostSucceeds(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.newNode("solo")
+	release := make(chan struct{})
+	err := n.r.UpdateController("slow", controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			<-ctx.Done()
+			<-release // past its Margin: the replica waits, and Leave comes meanwhile
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := n.r.Events(t.Context())
+	if err := n.r.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lease := expectEvent(t, events, Acquired, "slow", LeaseGained).Lease
+	op := newClient(t, testEtcd)
+	defer op.Close()
+	if _, err := op.Revoke(t.Context(), lease); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, events, FencePassed, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { left <- n.r.Leave(ctx) }() // joined below
+	// The loop takes the stop request from its channel while it waits for
+	// the DoFunc; only then does the DoFunc return.
+	waitFor(t, "the loop to take Leave's request", func() bool {
+		n.r.mu.Lock()
+		closed := n.r.closed
+		n.r.mu.Unlock()
+		return closed && len(n.r.stopReq) == 0
+	})
+	close(release)
+	if err := <-left; err != nil {
+		t.Errorf("Leave after the lease was lost = %v, want nil: the lease is gone, every name released", err)
+	}
+	c.forget(n)
+}
+
+// Close during a Join that waits for etcd returns within TTL, as it does
+// at any other moment: Join's requests (the grant, the member key, the
+// version check) end with the Close, each of which could otherwise take
+// RequestTimeout. Join then fails with ErrClosed.
+func TestCloseDuringJoinReturnsWithinTTL(t *testing.T) {
+	opts := testOptions()
+	opts.RequestTimeout = 10 * time.Second // longer than TTL: only the Close may end the requests
+	c := newCluster(t, 0, opts)
+	n := c.newNode("solo")
+	n.proxy.cut() // the grant waits
+	joined := make(chan error, 1)
+	go func() { joined <- n.r.Join(context.Background()) }() // joined below
+	waitFor(t, "Join to start", func() bool {
+		n.r.mu.Lock()
+		defer n.r.mu.Unlock()
+		return n.r.joined
+	})
+	start := time.Now()
+	err := n.r.Close()
+	took := time.Since(start)
+	t.Logf("Close during Join took %v (TTL %v, RequestTimeout %v): %v", took, opts.TTL, opts.RequestTimeout, err)
+	if took > opts.TTL {
+		t.Errorf("Close during Join took %v, past TTL %v", took, opts.TTL)
+	}
+	select {
+	case err := <-joined:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Join interrupted by Close = %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Join still waits 10s after Close returned")
+	}
+	n.proxy.heal()
+	c.forget(n)
+}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/bgctl/controller"
 )
@@ -97,5 +98,107 @@ func TestLocalRefusesAfterShutdown(t *testing.T) {
 	}
 	if Local(nil).Manager() == nil {
 		t.Error("Local(nil) has no Manager")
+	}
+}
+
+// registration counts the DoFunc runs and StopFunc calls of one
+// registration of a name.
+type registration struct{ runs, stops atomic.Int64 }
+
+func (g *registration) params() controller.ControllerParams {
+	return controller.ControllerParams{
+		DoFunc:   func(ctx context.Context) error { g.runs.Add(1); <-ctx.Done(); return nil },
+		StopFunc: func(context.Context) error { g.stops.Add(1); return nil },
+	}
+}
+
+// A name removed and registered again at once behaves alike on a Manager
+// and on a Replica: RemoveControllerAndWait returns once the removed
+// controller has terminated, its StopFunc included, and the new
+// registration runs as a new controller. On a Replica the second call may
+// come before its loop handled the removal ("loop late": both calls under
+// the replica's lock, as when the loop is slow).
+func TestRemoveThenRegisterAgain(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.join("solo")
+	m := controller.NewManager(controller.WithMetrics(nil), controller.WithLogger(quietLogger()))
+	defer m.RemoveAllAndWait()
+	type removeAndRegister func(name string, p controller.ControllerParams) (waited <-chan error)
+	// public removes with RemoveControllerAndWait and, once the name is
+	// unregistered (registered tells), registers it again.
+	public := func(cs Controllers, registered func(string) bool) removeAndRegister {
+		return func(name string, p controller.ControllerParams) <-chan error {
+			waited := make(chan error, 1)
+			go func() { waited <- cs.RemoveControllerAndWait(name) }() // joined by the test through waited
+			waitFor(t, "the removal", func() bool { return !registered(name) })
+			if err := cs.UpdateController(name, p); err != nil {
+				t.Fatal(err)
+			}
+			return waited
+		}
+	}
+	registeredOn := func(r *Replica) func(string) bool {
+		return func(name string) bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			_, ok := r.regs[name]
+			return ok
+		}
+	}
+	loopLate := func(name string, p controller.ControllerParams) <-chan error {
+		r := n.r
+		r.mu.Lock()
+		s, term, err := r.unregisterLocked(name)
+		if err == nil {
+			err = r.updateControllerLocked(name, p)
+		}
+		r.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() { r.awaitUnregistered(s, term); waited <- nil }() // joined by the test through waited
+		return waited
+	}
+	for _, tc := range []struct {
+		name   string
+		c      Controllers
+		remove removeAndRegister
+	}{
+		{"Local", Local(m), public(Local(m), func(name string) bool { return m.Lookup(name) != nil })},
+		{"Replica", n.r, public(n.r, registeredOn(n.r))},
+		{"Replica, loop late", n.r, loopLate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const name = "again"
+			var first, second registration
+			if err := tc.c.UpdateController(name, first.params()); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the first registration's run", func() bool { return first.runs.Load() >= 1 && tc.c.Running(name) })
+			old := tc.c.Manager().Lookup(name)
+			waited := tc.remove(name, second.params())
+			select {
+			case err := <-waited:
+				if err != nil {
+					t.Fatalf("RemoveControllerAndWait: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("RemoveControllerAndWait still waits 10s after the name was removed and registered again")
+			}
+			if got := first.stops.Load(); got != 1 {
+				t.Errorf("the removed controller's StopFunc ran %d times when RemoveControllerAndWait returned, want 1", got)
+			}
+			waitFor(t, "the new registration's run", func() bool { return second.runs.Load() >= 1 && tc.c.Running(name) })
+			if now := tc.c.Manager().Lookup(name); now == old {
+				t.Error("the new registration runs in the removed controller, updated, not in a new one")
+			}
+			if err := tc.c.RemoveControllerAndWait(name); err != nil {
+				t.Fatal(err)
+			}
+			if first.stops.Load() != 1 || second.stops.Load() != 1 {
+				t.Errorf("StopFuncs: %d of the first registration, %d of the second; want 1 each", first.stops.Load(), second.stops.Load())
+			}
+		})
 	}
 }

@@ -7,13 +7,18 @@ package ha
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A replica cut off until its lease expired finds, once healed, another
-// live replica joined under its ID. It retries every 200ms or so; it must
+// live replica joined under its ID. It retries, backing off to one attempt
+// per TTL (TestDuplicateIDRejoinBacksOff); it must
 // say why at Warn once, not at every attempt, show it in Status, and join
 // again as soon as the other leaves.
 func TestDuplicateIDIsReported(t *testing.T) {
@@ -63,7 +68,7 @@ func TestDuplicateIDIsReported(t *testing.T) {
 	c.waitPlacement(second, 10*time.Second)
 
 	a.proxy.heal()
-	const watchFor = 3 * time.Second // some fifteen attempts
+	const watchFor = 3 * time.Second // some nine attempts
 	time.Sleep(watchFor)
 	st := a.r.Status()
 	t.Logf("%v after the heal: %d warnings; status: lease %q, join error %q", watchFor, warned.n.Load(), st.Lease, st.JoinError)
@@ -86,4 +91,111 @@ func TestDuplicateIDIsReported(t *testing.T) {
 		t.Errorf("the first r0's status after it joined again: lease %q, join error %q; want a lease and no error", st.Lease, st.JoinError)
 	}
 	c.rec.assertNoOverlap(t)
+}
+
+// countingLease counts the leases a replica's client grants, and when.
+type countingLease struct {
+	clientv3.Lease
+	mu     sync.Mutex
+	grants []time.Time // guarded by mu
+}
+
+func (l *countingLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	l.mu.Lock()
+	l.grants = append(l.grants, time.Now())
+	l.mu.Unlock()
+	return l.Lease.Grant(ctx, ttl)
+}
+
+// grantsSince returns how many grants were asked for since t.
+func (l *countingLease) grantsSince(t time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, g := range l.grants {
+		if !g.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// Another live replica takes this replica's member key under its own
+// lease: the replica stops and tries to join again, and each attempt
+// grants a lease, finds the key held, and revokes the lease. While the
+// other lives, the attempts back off to one per TTL, instead of one every
+// 200ms for ever; once the other is gone, the replica joins again.
+func TestDuplicateIDRejoinBacksOff(t *testing.T) {
+	c := newCluster(t, 1, testOptions())
+	n := c.newNode("r0")
+	leases := &countingLease{Lease: n.cli.Lease}
+	n.cli.Lease = leases
+	c.register(n)
+	events := n.r.Events(t.Context())
+	if err := n.r.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, events, Acquired, "", LeaseGained)
+	op := newClient(t, testEtcd)
+	defer op.Close()
+	other, err := op.Grant(t.Context(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Put(t.Context(), c.prefix+"/members/r0", "r0", clientv3.WithLease(other.ID)); err != nil {
+		t.Fatal(err)
+	}
+	ev := expectEvent(t, events, FencePassed, "", Acquired)
+	if !errors.Is(ev.Err, ErrDuplicateID) {
+		t.Fatalf("the fence passed with %v, want ErrDuplicateID", ev.Err)
+	}
+	since := time.Now()
+	const window = 6 * time.Second
+	ttl := c.opts.TTL
+	// The pauses double from 20ms to TTL (7 doublings for 2s), then stay:
+	// the attempts of the doublings, one per TTL after them, one for the
+	// attempt under way.
+	most := 8 + int(window/ttl) + 1
+	time.Sleep(window) // the time over which the grants are counted, not an ordering
+	got := leases.grantsSince(since)
+	t.Logf("%d leases granted in the %v after the fence passed for a duplicate ID (TTL %v)", got, window, ttl)
+	if got > most {
+		t.Errorf("%d leases granted and revoked in %v while another live replica holds the ID, want at most %d: no backoff", got, window, most)
+	}
+	if _, err := op.Revoke(t.Context(), other.ID); err != nil {
+		t.Fatal(err)
+	}
+	gone := time.Now()
+	expectEvent(t, events, LeaseGained, "", Released, LeaseLost)
+	t.Logf("joined again %v after the other replica's lease was revoked", time.Since(gone))
+	if took := time.Since(gone); took > ttl+2*time.Second {
+		t.Errorf("joined again %v after the ID was free, want within TTL (%v) and a request", took, ttl)
+	}
+}
+
+// The pauses between attempts to join again double; they stop at 200ms
+// while etcd does not let the replica in, at TTL while another replica
+// holds its ID, and fall back to 200ms when the duplicate is gone.
+func TestRejoinWait(t *testing.T) {
+	const ttl = 10 * time.Second
+	dup := fmt.Errorf("%w: %q", ErrDuplicateID, "r0")
+	unreachable := context.DeadlineExceeded
+	for _, tc := range []struct {
+		wait time.Duration
+		err  error
+		want time.Duration
+	}{
+		{firstRejoinWait, unreachable, 40 * time.Millisecond},
+		{160 * time.Millisecond, unreachable, 200 * time.Millisecond},
+		{200 * time.Millisecond, unreachable, 200 * time.Millisecond},
+		{firstRejoinWait, dup, 40 * time.Millisecond},
+		{200 * time.Millisecond, dup, 400 * time.Millisecond},
+		{5120 * time.Millisecond, dup, ttl},
+		{ttl, dup, ttl},
+		{ttl, unreachable, 200 * time.Millisecond},
+	} {
+		if got := rejoinWait(tc.wait, tc.err, ttl); got != tc.want {
+			t.Errorf("rejoinWait(%v, %v, %v) = %v, want %v", tc.wait, tc.err, ttl, got, tc.want)
+		}
+	}
 }

@@ -223,9 +223,9 @@ func (r *Replica) run(ep *epoch) {
 }
 
 // rejoin starts a new epoch after a fence passed, retrying until it
-// succeeds or a stop request comes.
+// succeeds or a stop request comes, with the pauses of rejoinWait.
 func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
-	wait := 20 * time.Millisecond
+	wait := firstRejoinWait
 	var log rejoinLog
 	for {
 		select {
@@ -245,8 +245,28 @@ func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
 			return nil, &req
 		case <-t.C:
 		}
-		wait = min(2*wait, 200*time.Millisecond)
+		wait = rejoinWait(wait, err, r.opts.TTL)
 	}
+}
+
+// firstRejoinWait is the pause after the first failed attempt to join
+// again.
+const firstRejoinWait = 20 * time.Millisecond
+
+// rejoinWait returns the pause after a failed attempt to join again, the
+// previous pause having been wait: twice wait, capped at 200ms when etcd
+// did not let the replica in (unreachable, slow), so that it joins soon
+// after etcd answers again; capped at ttl for ErrDuplicateID, since each
+// such attempt grants a lease and revokes it, and the ID frees up only
+// when the other replica leaves or its lease expires. From 20ms: 40ms,
+// 80ms, 160ms, 200ms, 200ms, …; for a duplicate ID with a TTL of 10s:
+// 40ms, 80ms, …, 5.12s, 10s, 10s, …
+func rejoinWait(wait time.Duration, err error, ttl time.Duration) time.Duration {
+	limit := 200 * time.Millisecond
+	if errors.Is(err, ErrDuplicateID) {
+		limit = max(ttl, limit)
+	}
+	return min(2*wait, limit)
 }
 
 // endEpoch ends ep: it takes every slot from the replica, removes every
@@ -385,9 +405,18 @@ func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err
 		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
 	case req.leave:
 		r.markLeaving(req.ctx, ep.lease)
-		if _, err = r.cli.Revoke(req.ctx, ep.lease); err != nil {
+		_, err = r.cli.Revoke(req.ctx, ep.lease)
+		// The fence passed before the stop (its cause is not the
+		// ErrClosed of the stop): a lease etcd no longer knows is gone,
+		// and the names with it.
+		gone := isLeaseNotFound(err) && !errors.Is(context.Cause(ep.fence.ctx), ErrClosed)
+		switch {
+		case gone:
+			r.log.Info("left: the lease had ended already, every name released", "cause", context.Cause(ep.fence.ctx))
+			err = nil
+		case err != nil:
 			err = fmt.Errorf("ha: Leave: revoking the lease (the names move when it expires): %w", err)
-		} else {
+		default:
 			r.log.Info("left: every name released")
 		}
 	case len(pending) > 0:
@@ -462,7 +491,8 @@ func (r *Replica) stopBetweenEpochs(req stopRequest) error {
 // every claim at once so the other replicas take the names over at once.
 // It waits for the replica's goroutines. When ctx ends first, the
 // StopFuncs' contexts are cancelled, the lease is left to expire, and the
-// error says so. Later calls return the first call's error.
+// error says so. Later calls return the first call's error. A nil ctx is
+// context.Background.
 func (r *Replica) Leave(ctx context.Context) error {
 	return r.stop(stopRequest{ctx: ctx, leave: true})
 }

@@ -108,8 +108,10 @@ type Event struct {
 // the two is in the channel.
 //
 // Each subscription has a goroutine of its own that hands the events over;
-// it ends when the channel is closed.
+// it ends when the channel is closed. A nil ctx is context.Background:
+// the channel then closes only once the replica has stopped.
 func (r *Replica) Events(ctx context.Context) <-chan Event {
+	ctx = orBackground(ctx)
 	out := make(chan Event)
 	s := &subscriber{wake: make(chan struct{}, 1)}
 	if !r.events.add(s) {

@@ -11,7 +11,8 @@ import (
 
 // duplicateWarnEvery is how often, at most, a replica that cannot join
 // again because another live replica has its ID says so at Warn. It
-// retries meanwhile, every 200ms, since the other may go away.
+// retries meanwhile, since the other may go away, backing off to one
+// attempt per TTL (rejoinWait).
 const duplicateWarnEvery = 30 * time.Second
 
 // rejoinLog reports the attempts of one rejoin. Owned by the loop

@@ -337,7 +337,8 @@ func (r *Replica) reconcile(ep *epoch) {
 }
 
 // stepLocked starts what name needs: a claim request when the name is
-// ours and free, a release when it runs here but is no longer ours, or
+// ours and free, a release when it runs here but is no longer ours or was
+// unregistered (slot.removed, even if registered again since), or
 // when a claim under this epoch's lease has no slot although the name is
 // not ours (an acquire whose answer was lost to a timeout while the name
 // moved: the lease, renewed, would keep the owner waiting for good).
@@ -380,8 +381,8 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		switch {
 		case lost:
 			r.releaseLocked(ep, name, s, true, ReasonLost)
-		case !ours:
-			r.releaseLocked(ep, name, s, true, notOursReason(registered))
+		case !ours || s.removed:
+			r.releaseLocked(ep, name, s, true, notOursReason(registered && !s.removed))
 		}
 	}
 }

@@ -17,6 +17,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// orBackground returns ctx, or context.Background for a nil ctx: every
+// exported method taking a context accepts nil for it.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
+}
+
 // ErrClosed is returned by the methods of a [Replica] that has left or
 // been closed.
 var ErrClosed = errors.New("ha: replica closed")
@@ -70,7 +79,7 @@ type Replica struct {
 	// Guarded by mu; who writes what:
 	//
 	//	regs, joined, closed                    the API methods
-	//	slots                                   the loop; UpdateController rebinds a running slot's context
+	//	slots                                   the loop; UpdateController rebinds a running slot's context, unregister marks a slot removed
 	//	dirty, allDirty                         the loop, and the API methods to mark names
 	//	members, claims, viewRev, lease, fence  the loop
 	//	memberLeases, listedRev, heard          the loop
@@ -171,11 +180,16 @@ func (s slotState) String() string {
 // slot is a name this replica holds or is acquiring. Guarded by
 // Replica.mu.
 type slot struct {
-	state   slotState
-	claim   Claim           // set on leaving acquiring
-	reason  Reason          // why its controller was removed; "" while it runs, or when it never ran
-	since   time.Time       // when the claim's creation was answered; set with claim
-	stray   bool            // a claim of this lease found without a slot, released at once; never counted as held
+	state  slotState
+	claim  Claim     // set on leaving acquiring
+	reason Reason    // why its controller was removed; "" while it runs, or when it never ran
+	since  time.Time // when the claim's creation was answered; set with claim
+	stray  bool      // a claim of this lease found without a slot, released at once; never counted as held
+	// removed: the name was unregistered while it had this slot. The slot
+	// is released as for a removal even if the name is registered again
+	// before the loop saw it: the new registration claims anew and runs
+	// as a new controller, as on a Manager. Set by unregister.
+	removed bool
 	ctx     context.Context // the controller's Context: userCtx's values, the claim, cancelled with the fence
 	userCtx context.Context // the registration's Context ctx was made from
 	cancel  context.CancelCauseFunc
@@ -260,7 +274,8 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 }
 
 // Join is [New], then [Replica.Join]: the replica is a member when it
-// returns, and claims names as they are registered.
+// returns, and claims names as they are registered. A nil ctx is
+// context.Background.
 func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, error) {
 	r, err := New(cli, opts)
 	if err != nil {
@@ -281,12 +296,15 @@ var ErrJoined = errors.New("ha: the replica has joined already")
 // grants a lease of Options.TTL, writes its member key under it, and
 // starts the replica's goroutines (the loop, which owns the keepalive
 // goroutine and the request workers). ctx bounds only the grant and the
-// write. The client must outlive the Replica; closing it without Leave is
+// write (and the version check); a Close meanwhile ends them, and Join
+// then returns an error wrapping [ErrClosed]. The client must outlive the Replica; closing it without Leave is
 // how a crash looks to the others.
 //
 // After a failed Join the replica may Join again. It returns [ErrClosed]
-// after Leave or Close, and [ErrJoined] once it has joined.
+// after Leave or Close, and [ErrJoined] once it has joined. A nil ctx is
+// context.Background.
 func (r *Replica) Join(ctx context.Context) error {
+	ctx = orBackground(ctx)
 	r.mu.Lock()
 	switch {
 	case r.closed:
@@ -298,6 +316,11 @@ func (r *Replica) Join(ctx context.Context) error {
 	}
 	r.joined = true
 	r.mu.Unlock()
+	// Close (and a Leave whose context ended) ends Join's requests too, so
+	// that it returns within its bound at any moment.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(r.stopping, cancel)()
 	ep, err := r.startEpoch(ctx, 0)
 	if err != nil {
 		r.mu.Lock()
@@ -309,6 +332,7 @@ func (r *Replica) Join(ctx context.Context) error {
 			// runs and nothing is held.
 			r.abort()
 			r.finish()
+			return fmt.Errorf("%w: Join: stopped while joining: %w", ErrClosed, err)
 		}
 		return err
 	}
@@ -356,11 +380,15 @@ func (r *Replica) UpdateController(name string, params controller.ControllerPara
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.updateControllerLocked(name, params)
+}
+
+func (r *Replica) updateControllerLocked(name string, params controller.ControllerParams) error {
 	if r.closed {
 		return fmt.Errorf("%w: UpdateController(%q)", ErrClosed, name)
 	}
 	r.regs[name] = params
-	if s := r.slots[name]; s != nil && s.state == running {
+	if s := r.slots[name]; s != nil && s.state == running && !s.removed {
 		r.installLocked(name, s, params)
 	}
 	r.markDirtyLocked(name)
@@ -373,7 +401,7 @@ func (r *Replica) UpdateController(name string, params controller.ControllerPara
 func (r *Replica) TriggerController(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if s := r.slots[name]; s != nil && s.state == running {
+	if s := r.slots[name]; s != nil && s.state == running && !s.removed {
 		return r.inner.TriggerController(name)
 	}
 	return false
@@ -381,10 +409,12 @@ func (r *Replica) TriggerController(name string) bool {
 
 // RemoveController unregisters name on this replica. If it runs here, it
 // is removed and, once it has stopped (StopFunc included), its claim is
-// deleted; without waiting for that. Unregister a name on every replica,
-// or another replica that still has it registered takes it over. The
-// error wraps [controller.ErrControllerNotFound] for a name not
-// registered.
+// deleted; without waiting for that. A name registered again meanwhile
+// runs, as on a Manager, as a new controller: once the removed one has
+// stopped (StopFunc included) and its claim is deleted, the replica claims
+// the name anew. Unregister a name on every replica, or another replica
+// that still has it registered takes it over. The error wraps
+// [controller.ErrControllerNotFound] for a name not registered.
 func (r *Replica) RemoveController(name string) error {
 	_, _, err := r.unregister(name)
 	return err
@@ -398,25 +428,32 @@ func (r *Replica) RemoveController(name string) error {
 // name without keeping its own replica from stopping.
 func (r *Replica) RemoveControllerAndWait(name string) error {
 	s, term, err := r.unregister(name)
-	switch {
-	case err != nil:
-	case s == nil:
+	if err == nil {
+		r.awaitUnregistered(s, term)
+	}
+	return err
+}
+
+// awaitUnregistered waits, for RemoveControllerAndWait, until the slot s
+// of a name unregistered has ended, or its epoch ended and term (its
+// controller's termination channel) is closed, or the replica stopped.
+func (r *Replica) awaitUnregistered(s *slot, term chan struct{}) {
+	if s == nil {
 		select {
 		case <-term:
 		case <-r.done:
 		}
-	default:
+		return
+	}
+	select {
+	case <-s.done:
+	case <-r.done:
+	case <-s.lost:
 		select {
-		case <-s.done:
+		case <-term:
 		case <-r.done:
-		case <-s.lost:
-			select {
-			case <-term:
-			case <-r.done:
-			}
 		}
 	}
-	return err
 }
 
 // unregister forgets name's registration and returns its slot, if any,
@@ -425,10 +462,17 @@ func (r *Replica) RemoveControllerAndWait(name string) error {
 func (r *Replica) unregister(name string) (*slot, chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.unregisterLocked(name)
+}
+
+func (r *Replica) unregisterLocked(name string) (*slot, chan struct{}, error) {
 	if _, ok := r.regs[name]; !ok {
 		return nil, nil, errNotRegistered(name)
 	}
 	delete(r.regs, name)
+	if s := r.slots[name]; s != nil {
+		s.removed = true
+	}
 	r.markDirtyLocked(name)
 	// Taken before the loop removes the controller, which forgets the
 	// name. Without a slot, a controller may still be stopping here (its
@@ -451,7 +495,7 @@ func (r *Replica) Running(name string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.slots[name]
-	return s != nil && s.state == running
+	return s != nil && s.state == running && !s.removed
 }
 
 // Manager returns the Manager this replica installs the names it runs

@@ -255,3 +255,77 @@ func (w *eventWatch) stop() {
 	w.cancel()
 	w.wg.Wait()
 }
+
+var closeScale = flag.Int("ha.closescale", 0, "run TestCloseAtScale with this many names running on one replica (issue 24: 100000)")
+
+// TestCloseAtScale measures Close of one replica running -ha.closescale
+// names, each DoFunc waiting for its context and each with a StopFunc,
+// then of one of three replicas sharing them, and fails when a Close took
+// longer than TTL (plus a second for the machine), its bound at any scale. A measurement run on demand, without -race:
+//
+//	go test -run TestCloseAtScale -ha.closescale=100000 -v -timeout 10m .
+func TestCloseAtScale(t *testing.T) {
+	n := *closeScale
+	if n == 0 {
+		t.Log("a measurement, not a test: run it with -ha.closescale=100000")
+		return
+	}
+	c := newCluster(t, n, testOptions())
+	node := c.newNode("alone")
+	var ran, stopped atomic.Int64
+	p := controller.ControllerParams{
+		DoFunc:   func(ctx context.Context) error { ran.Add(1); <-ctx.Done(); return nil },
+		StopFunc: func(context.Context) error { stopped.Add(1); return nil },
+	}
+	for _, name := range c.names {
+		if err := node.r.UpdateController(name, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A subscriber that reads every event, as a program waiting on the
+	// replica does: the Released events of Close are its work too.
+	events := node.r.Events(t.Context())
+	read := make(chan int)
+	go func() { // joined below, through read: the channel closes after Close
+		k := 0
+		for range events {
+			k++
+		}
+		read <- k
+	}()
+	if err := node.r.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ran.Load() < int64(n); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d names ran within 2 minutes", ran.Load(), n)
+		}
+	}
+	start := time.Now()
+	err := node.r.Close()
+	took := time.Since(start)
+	t.Logf("scale: Close of one replica running %d names took %v (TTL %v); %d StopFuncs had run; error: %.200v", n, took.Round(time.Millisecond), c.opts.TTL, stopped.Load(), err)
+	if took > c.opts.TTL+time.Second {
+		t.Errorf("Close took %v with %d names running, past its bound, TTL %v", took, n, c.opts.TTL)
+	}
+	t.Logf("the subscriber read %d events", <-read)
+	c.forget(node)
+
+	// Then as the review measured it: n names over three replicas, each
+	// closed in turn while the others run their shares. A Close that
+	// reaches its bound names the controllers still running: reported,
+	// not failed.
+	c = newCluster(t, n, testOptions())
+	want, _ := c.startThree()
+	for _, id := range []string{"r0", "r1", "r2"} {
+		nd := c.nodes[id]
+		start := time.Now()
+		err := nd.r.Close()
+		took := time.Since(start)
+		t.Logf("scale: Close of %s running %d of %d names took %v (TTL %v); error: %.200v", id, len(namesOn(want, id)), n, took.Round(time.Millisecond), c.opts.TTL, err)
+		if took > c.opts.TTL+time.Second {
+			t.Errorf("Close of %s took %v, past its bound, TTL %v", id, took, c.opts.TTL)
+		}
+		c.forget(nd)
+	}
+}

@@ -36,7 +36,8 @@ type Status struct {
 	Fence controller.Duration `json:"fence"`
 	// JoinError says why this replica, whose fence passed, is not a
 	// member again yet: the error of its last attempt to join, which it
-	// retries every 200ms or so. A message wrapping [ErrDuplicateID] means
+	// retries after a pause that doubles up to 200ms, or up to TTL while
+	// another replica holds its ID. A message wrapping [ErrDuplicateID] means
 	// another live replica joined under this ID meanwhile: two processes
 	// share an ID, and this one runs nothing until the other leaves or
 	// its lease expires. "" while a member, and before any attempt failed.
@@ -129,8 +130,9 @@ func (r *Replica) Status() Status {
 // member's lease ([MemberStatus.TTL]). It asks etcd, one request per
 // member, all at once, each within ctx and Options.RequestTimeout; the
 // error names the members whose lease etcd did not tell, and the Status
-// is complete but for their TTL.
+// is complete but for their TTL. A nil ctx is context.Background.
 func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
+	ctx = orBackground(ctx)
 	st := r.Status()
 	errs := make([]error, len(st.Members))
 	var wg sync.WaitGroup
