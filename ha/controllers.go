@@ -82,6 +82,9 @@ func (l local) UpdateController(name string, params controller.ControllerParams)
 	if name == "" {
 		return errEmptyName("UpdateController")
 	}
+	if err := params.Validate(); err != nil {
+		return fmt.Errorf("ha: UpdateController(%q): %w", name, err)
+	}
 	// The Manager returns nil for an empty name, ruled out above, and after
 	// Shutdown.
 	if l.m.UpdateController(name, params) == nil {

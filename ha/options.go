@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/bgctl/controller"
 	"github.com/sirupsen/logrus"
@@ -50,8 +51,9 @@ type Options struct {
 	Prefix string
 
 	// ID names this replica among the members. It must be unique among the
-	// live replicas and must not contain "/". Zero: the host name and
-	// eight random hex digits.
+	// live replicas, and must not contain "/", spaces or unprintable
+	// characters (it is part of an etcd key, and a column of the status
+	// table). Zero: the host name and eight random hex digits.
 	ID string
 
 	// Mode is how names are spread over the members. Zero: [Spread].
@@ -141,8 +143,10 @@ func (o Options) normalize() (Options, error) {
 	if o.Metrics == nil {
 		o.Metrics = DefaultMetrics
 	}
-	if strings.Contains(o.ID, "/") {
-		bad("ID must not contain \"/\", got %q", o.ID)
+	if i := strings.IndexFunc(o.ID, func(c rune) bool { return c == '/' || unicode.IsSpace(c) || !unicode.IsPrint(c) }); i >= 0 {
+		// A "/" would read as a deeper key; spaces and unprintable
+		// characters break the status table and the logs.
+		bad("ID must not contain %q (no \"/\", spaces or unprintable characters), got %q", string([]rune(o.ID[i:])[:1]), o.ID)
 	}
 	if o.Mode != Spread && o.Mode != Leader {
 		bad("Mode must be Spread or Leader, got %v", o.Mode)

@@ -378,6 +378,11 @@ func (r *Replica) UpdateController(name string, params controller.ControllerPara
 	if name == "" {
 		return errEmptyName("UpdateController")
 	}
+	if err := params.Validate(); err != nil {
+		// Refused here, where the mistake is made, rather than logged
+		// later by whichever replica claims the name.
+		return fmt.Errorf("ha: UpdateController(%q): %w", name, err)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.updateControllerLocked(name, params)
