@@ -381,3 +381,24 @@ func TestCloseDuringJoinReturnsWithinTTL(t *testing.T) {
 	n.proxy.heal()
 	c.forget(n)
 }
+
+// A replica that crashed and starts again under the same ID (a
+// StatefulSet's pod name) joins once its previous incarnation's lease has
+// run out, within TTL, instead of being refused as a duplicate; its names
+// then run on it.
+func TestRestartedReplicaKeepsItsID(t *testing.T) {
+	c := newCluster(t, 5, testOptions())
+	first := c.join("r0")
+	c.waitPlacement(c.expected([]string{"r0"}), 10*time.Second)
+	c.crash(first) // its lease is left to run out
+	crashed := time.Now()
+	again := c.join("r0")
+	took := time.Since(crashed)
+	t.Logf("the restarted r0 joined %v after the crash (TTL %v)", took.Round(time.Millisecond), c.opts.TTL)
+	if took > c.opts.TTL+2*time.Second {
+		t.Errorf("Join waited %v, past the previous lease's TTL %v", took, c.opts.TTL)
+	}
+	c.waitPlacement(c.expected([]string{"r0"}), 10*time.Second)
+	c.rec.assertNoOverlap(t)
+	_ = again
+}

@@ -29,32 +29,20 @@ func TestDuplicateIDIsReported(t *testing.T) {
 	c.waitPlacement(c.expected([]string{"r0"}), 10*time.Second)
 	a.proxy.cut()
 
-	// The other replica of the same ID joins once a's lease has expired;
-	// until then Join refuses it (or times out, on a loaded machine).
+	// The other replica of the same ID joins once a's lease, which a no
+	// longer renews, has run out: its Join waits for that, as for a
+	// crashed incarnation of itself.
 	bcli := newClient(t, testEtcd)
 	bopts := opts
 	bopts.Prefix, bopts.ID = c.prefix, "r0"
-	var b *Replica
-	refused := 0
-	for deadline := time.Now().Add(15 * time.Second); b == nil; {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		r, err := Join(ctx, bcli, bopts)
-		cancel()
-		switch {
-		case err == nil:
-			b = r
-		case time.Now().After(deadline):
-			t.Fatalf("the second r0 could not join within 15s: %v", err)
-		default:
-			if errors.Is(err, ErrDuplicateID) {
-				refused++
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	start := time.Now()
+	b, err := Join(ctx, bcli, bopts)
+	cancel()
+	if err != nil {
+		t.Fatalf("the second r0's Join, while the first r0's lease runs out: %v", err)
 	}
-	if refused == 0 {
-		t.Error("the second r0's Join was never refused with ErrDuplicateID while the first held the ID")
-	}
+	t.Logf("the second r0 joined %v after it called Join", time.Since(start).Round(time.Millisecond))
 	t.Cleanup(func() { b.Close(); bcli.Close() })
 	for _, name := range c.names {
 		if err := b.UpdateController(name, c.rec.params("r0 (second)", name)); err != nil {
@@ -79,7 +67,7 @@ func TestDuplicateIDIsReported(t *testing.T) {
 		t.Errorf("the first r0's status: lease %q, join error %q; want no lease and an error that says %q", st.Lease, st.JoinError, ErrDuplicateID)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := b.Leave(ctx); err != nil {
 		t.Fatalf("the second r0's Leave: %v", err)

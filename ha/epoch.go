@@ -78,6 +78,12 @@ const maxInFlight = 64
 // epoch, whose member key the new one may overwrite; 0 for the first.
 // It starts the keepalive goroutine, joined by endEpoch.
 func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch, error) {
+	if prev == 0 {
+		// Before the grant, whose lease nothing renews yet.
+		if err := r.awaitPreviousIncarnation(ctx); err != nil {
+			return nil, err
+		}
+	}
 	ttl := r.opts.TTL
 	sent := time.Now()
 	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)

@@ -296,9 +296,17 @@ var ErrJoined = errors.New("ha: the replica has joined already")
 // grants a lease of Options.TTL, writes its member key under it, and
 // starts the replica's goroutines (the loop, which owns the keepalive
 // goroutine and the request workers). ctx bounds only the grant and the
-// write (and the version check); a Close meanwhile ends them, and Join
-// then returns an error wrapping [ErrClosed]. The client must outlive the Replica; closing it without Leave is
-// how a crash looks to the others.
+// write (and the version check), and the wait below; a Close meanwhile
+// ends them, and Join then returns an error wrapping [ErrClosed]. The
+// client must outlive the Replica; closing it without Leave is how a
+// crash looks to the others.
+//
+// A replica that starts again under the ID of one that crashed (a
+// StatefulSet's pod name, a host name) finds its member key held under
+// the crashed incarnation's lease: Join waits, within ctx, for that lease
+// to run out (at most TTL after its last renewal), and then joins. While
+// the lease is being renewed, another live replica has this ID, and Join
+// returns an error wrapping [ErrDuplicateID], within a few renewals.
 //
 // After a failed Join the replica may Join again. It returns [ErrClosed]
 // after Leave or Close, and [ErrJoined] once it has joined. A nil ctx is

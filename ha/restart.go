@@ -1,0 +1,73 @@
+// Restarts under a stable ID: a replica that crashed and starts again
+// with the same ID waits for its previous incarnation's lease to run out,
+// where a second live replica with that ID is refused.
+
+package ha
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// renewedBy is how far the earliest expiry a lease's TimeToLive answers
+// imply (send time + the whole seconds left) must move before the lease
+// counts as renewed. For a lease nobody renews, those answers all fall
+// within a second (etcd truncates to whole seconds) plus a round trip of
+// its true expiry; one that is renewed every (TTL − Margin)/4 moves by
+// that much each time.
+const renewedBy = time.Second + 250*time.Millisecond
+
+// awaitPreviousIncarnation waits, within ctx, while this replica's member
+// key is held under a lease that nobody renews: a previous incarnation of
+// this replica (same ID) that crashed, whose lease runs out within its
+// TTL. It returns nil once the key is free (or was), and an error
+// wrapping ErrDuplicateID as soon as the lease is seen renewed: another
+// live replica has this ID. A sample, at TTL 10s: the crashed
+// incarnation's lease has 7s left at Join; the answers, every 500ms,
+// imply it ends at the same moment give or take a second, and Join goes
+// on about 7s later. A live duplicate renews every 1.875s, and is told
+// apart after at most two renewals, within about 4s.
+func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
+	key := r.keys.members + r.opts.ID
+	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
+	resp, err := r.cli.Get(gctx, key)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("ha: reading member key %q: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	var first time.Time
+	logged := false
+	for {
+		sent := time.Now()
+		tctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
+		ttl, err := r.cli.TimeToLive(tctx, lease)
+		cancel()
+		switch {
+		case isLeaseNotFound(err) || (err == nil && ttl.TTL < 0):
+			return nil // it ran out, and the key with it
+		case err == nil:
+			at := sent.Add(time.Duration(ttl.TTL) * time.Second)
+			if first.IsZero() {
+				first = at
+			} else if at.After(first.Add(renewedBy)) {
+				return fmt.Errorf("%w: %q (member key %q is held by lease %x, which is being renewed)", ErrDuplicateID, r.opts.ID, key, int64(lease))
+			}
+			if !logged {
+				r.log.Info(fmt.Sprintf("member key %q is held by lease %x, with %ds left: waiting for it to run out, as a previous incarnation's that stopped renewing it would", key, int64(lease), ttl.TTL))
+				logged = true
+			}
+		case ctx.Err() != nil:
+			return fmt.Errorf("ha: waiting for lease %x, which holds member key %q, to run out: %w", int64(lease), key, context.Cause(ctx))
+		}
+		if !pause(ctx, 500*time.Millisecond) {
+			return fmt.Errorf("ha: waiting for lease %x, which holds member key %q, to run out: %w", int64(lease), key, context.Cause(ctx))
+		}
+	}
+}
