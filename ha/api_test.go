@@ -6,6 +6,7 @@ package ha
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -27,6 +28,8 @@ func TestBadOptionsAreNamed(t *testing.T) {
 		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: 2 * time.Second}, "Margin must leave at least 200ms of TTL"},
 		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: time.Nanosecond}, "Margin must be at least 200ms"},
 		{Options{Prefix: "p", Margin: -time.Second}, "Margin must be > 0"},
+		{Options{Prefix: "/p/claims"}, `Prefix must not have a "members" or "claims" element`},
+		{Options{Prefix: "members/p"}, `got "members/p"`},
 		{Options{Prefix: "p", ID: "a/b"}, `ID must not contain "/"`},
 		{Options{Prefix: "p", ID: "web 1"}, `ID must not contain " "`},
 		{Options{Prefix: "p", ID: "web\n1"}, `ID must not contain "\n"`},
@@ -81,6 +84,53 @@ func TestInvalidRegistrationIsRefused(t *testing.T) {
 		if names := r.Status().Names; len(names) != 0 {
 			t.Errorf("after a refused registration the replica has names %v", names)
 		}
+	}
+}
+
+// No key of one group reads as a member or claim key of another: every
+// pair of accepted prefixes built from these elements, every key of the
+// first (members and claims, with names that look like keys themselves),
+// none under the second's member or claim prefix unless the prefixes are
+// one. Before the check, a's claim "members/x" under "/p" read to the
+// group "/p/claims" as a member x.
+func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
+	elems := []string{"p", "q", "members", "claims", "claim", "m", ""}
+	var prefixes []string
+	for _, a := range elems {
+		for _, b := range elems {
+			for _, lead := range []string{"", "/"} {
+				prefix := lead + a + "/" + b
+				if o, err := (Options{Prefix: prefix}).normalize(); err == nil && !slices.Contains(prefixes, o.Prefix) {
+					prefixes = append(prefixes, o.Prefix)
+				}
+			}
+		}
+	}
+	ids := []string{"x", "members", "claims"}
+	names := []string{"x", "members/x", "claims/x", "/members/x", "p/members/x", "q/claims/claims/x", ""}
+	for _, p1 := range prefixes {
+		k1 := keysOf(p1)
+		var keys []string
+		for _, id := range ids {
+			keys = append(keys, k1.members+id)
+		}
+		for _, name := range names {
+			keys = append(keys, k1.claims+name)
+		}
+		for _, p2 := range prefixes {
+			if p1 == p2 {
+				continue
+			}
+			k2 := keysOf(p2)
+			for _, key := range keys {
+				if strings.HasPrefix(key, k2.members) || strings.HasPrefix(key, k2.claims) {
+					t.Errorf("key %q of the group %q reads as a key of the group %q", key, p1, p2)
+				}
+			}
+		}
+	}
+	if len(prefixes) < 20 {
+		t.Fatalf("only %d prefixes accepted: the test checks too little", len(prefixes))
 	}
 }
 

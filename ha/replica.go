@@ -142,8 +142,19 @@ type keys struct {
 	all, members, claims string
 }
 
+// membersSegment and claimsSegment are the key elements after the Prefix
+// under which member and claim keys live. A Prefix may not contain either
+// as an element of its own, so that no two groups' keys can be taken for
+// each other's: for a key of group P1 to read as a key of group P2, where
+// P1 is a proper prefix of P2, P2 would have to be P1 followed by
+// "/members" or "/claims" and more.
+const (
+	membersSegment = "members"
+	claimsSegment  = "claims"
+)
+
 func keysOf(prefix string) keys {
-	return keys{all: prefix + "/", members: prefix + "/members/", claims: prefix + "/claims/"}
+	return keys{all: prefix + "/", members: prefix + "/" + membersSegment + "/", claims: prefix + "/" + claimsSegment + "/"}
 }
 
 // claimView is what the view knows of a claim key.

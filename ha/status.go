@@ -20,7 +20,9 @@ import (
 // registered on it. Replicas see changes at slightly different moments, so
 // two replicas' statuses may disagree for a moment; the claims, not the
 // views, keep a name from running twice. Its JSON writes durations as the
-// core's status does, as strings such as "1.5s".
+// core's status does, as strings such as "1.5s", and its keys in
+// kebab-case ("join-error"), as every JSON this module and the core serve
+// does.
 type Status struct {
 	// Prefix is the etcd key prefix of the group (Options.Prefix).
 	Prefix string `json:"prefix"`
@@ -41,7 +43,7 @@ type Status struct {
 	// another live replica joined under this ID meanwhile: two processes
 	// share an ID, and this one runs nothing until the other leaves or
 	// its lease expires. "" while a member, and before any attempt failed.
-	JoinError string `json:"joinError,omitempty"`
+	JoinError string `json:"join-error,omitempty"`
 	// Members are the live members, sorted by ID.
 	Members []MemberStatus `json:"members"`
 	// Names are the names registered on this replica, sorted.
