@@ -106,8 +106,9 @@ type Options struct {
 	ManagerOptions []controller.Option
 }
 
-// ErrInvalidOptions is wrapped by the error [Join] returns for bad Options;
-// check for it with errors.Is.
+// ErrInvalidOptions is wrapped by the error [New] returns for bad Options
+// or a nil etcd client, and so by [Join]'s, which calls New; the error
+// names every bad field. Check for it with errors.Is.
 var ErrInvalidOptions = errors.New("ha: invalid options")
 
 // defaultTTL is the lease TTL when Options.TTL is 0.
