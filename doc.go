@@ -220,7 +220,12 @@
 // go to logrus, or to log/slog with [WithSlog]: a Warn at the start of a
 // failure streak and when its error changes, an Info on recovery and on
 // giving up after MaxRetries, an Error for panics and invalid parameters,
-// never one line per failed run. Every controller's goroutine carries the
+// never one line per failed run. Every line carries subsys=controller,
+// and a controller's its name and UUID: on logrus under Cilium's keys,
+// name and uuid, so that a query written for Cilium's logs still finds
+// them; on slog in the group controller (controller.name and
+// controller.uuid in a text handler's output), so that a logger made with
+// With("name", …) keeps its own name. Every controller's goroutine carries the
 // pprof labels controller=<name> and group=<group> ([ControllerLabel]), so
 // a CPU profile and a goroutine dump say which controller each goroutine
 // serves; they are the goroutine's, not the run context's, so a DoFunc

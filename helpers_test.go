@@ -79,6 +79,17 @@ func newEnvOn(t *testing.T, sink string, opts ...MetricsOpts) *env {
 	return e
 }
 
+// controllerKeys returns the keys under which an entry of a newEnvOn's
+// hook names its controller on sink: Cilium's name and uuid on logrus; on
+// slog the group controller, which recordHandler files as controller.name
+// and controller.uuid.
+func controllerKeys(sink string) (name, uuid string) {
+	if sink == "slog" {
+		return "controller.name", "controller.uuid"
+	}
+	return "name", "uuid"
+}
+
 // recordHandler is a slog.Handler that files each record in a logrus test
 // hook: level, message, context, and every attribute (those added by
 // WithAttrs included, group names as key prefixes: controller.name) as a

@@ -55,14 +55,36 @@ type logLine struct {
 
 // A logSink is where a Manager's or a controller's lines go: to logrus
 // when slog is nil, else to slog. Both carry subsys=controller, and a
-// controller's its name and UUID as well: on logrus under the keys
-// controller.name and controller.uuid, on slog in the group controller (so
-// that controller.name in a text handler's output too). Plain name and
-// uuid keys would collide with a program's own, as in a logger made with
-// With("name", …).
+// controller's its name and UUID as well: on logrus under Cilium's keys,
+// name and uuid (logNameKey, logUUIDKey), so that a query written for
+// Cilium's logs finds them; on slog in the group controller, so that a
+// logger made with With("name", …) keeps its own name (a JSON line with
+// two "name" keys is one most readers take the last of).
 type logSink struct {
 	entry *logrus.Entry
 	slog  *slog.Logger
+}
+
+// The logrus keys of a controller's name and UUID, Cilium's. On slog the
+// same two are "name" and "uuid" in the group "controller" (slogGroup).
+const (
+	logNameKey = "name"
+	logUUIDKey = "uuid"
+	slogGroup  = "controller"
+)
+
+// logrusKey returns the logrus key of a slog attribute whose key, behind
+// its groups' names and dots, is key: a controller named as the core names
+// it on slog (controller.name, controller.uuid, as ha's replicas do)
+// gets the keys of the core's own logrus lines; any other keeps key.
+func logrusKey(key string) string {
+	switch key {
+	case slogGroup + "." + logNameKey:
+		return logNameKey
+	case slogGroup + "." + logUUIDKey:
+		return logUUIDKey
+	}
+	return key
 }
 
 // defaultSink is the zero Manager's: logrus' standard logger.
@@ -83,9 +105,9 @@ func (s *logSink) enabled(ctx context.Context, level logLevel) bool {
 // controller to every line.
 func (s *logSink) forController(name, uuid string) *logSink {
 	if s.slog != nil {
-		return &logSink{slog: s.slog.With(slog.Group("controller", "name", name, "uuid", uuid))}
+		return &logSink{slog: s.slog.With(slog.Group(slogGroup, logNameKey, name, logUUIDKey, uuid))}
 	}
-	return &logSink{entry: s.entry.WithFields(logrus.Fields{"controller.name": name, "controller.uuid": uuid})}
+	return &logSink{entry: s.entry.WithFields(logrus.Fields{logNameKey: name, logUUIDKey: uuid})}
 }
 
 // write writes line. A handler, hook or formatter that panics is

@@ -91,7 +91,7 @@ func TestSlogLinesFitTheUsersLogger(t *testing.T) {
 }
 
 // logrus gets the same: the run's context on the entry, and the
-// controller's name and UUID under keys of their own.
+// controller's name and UUID under Cilium's keys.
 func TestLogrusEntryHasTheRunContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -104,7 +104,40 @@ func TestLogrusEntryHasTheRunContext(t *testing.T) {
 		assert.Equal(t, logrus.WarnLevel, en.Level)
 		require.NotNil(t, en.Context)
 		assert.Equal(t, "trace-42", en.Context.Value(traceKey{}))
-		assert.Equal(t, logrus.Fields{"subsys": "controller", "controller.name": "push", "controller.uuid": c.UUID(), "error": en.Data["error"]}, en.Data)
+		assert.Equal(t, logrus.Fields{"subsys": "controller", "name": "push", "uuid": c.UUID(), "error": en.Data["error"]}, en.Data)
+	})
+}
+
+// A program coming from Cilium keeps its log queries: on logrus a
+// controller's name and UUID are under Cilium's keys, name and uuid (the
+// contract's Logging section), in the core's own lines and in those that
+// code around a Manager (ha's replicas) logs through Manager.Logger with
+// the controller group the core uses on slog. The keys controller.name
+// and controller.uuid, which a query on name= does not match, are gone.
+func TestLogrusKeysAreCiliums(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out bytes.Buffer
+		logger := logrus.New()
+		logger.SetOutput(&out)
+		logger.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true, DisableColors: true})
+		m := NewManager(WithLogger(logger), WithMetrics(nil))
+		c := m.UpdateController("push", ControllerParams{DoFunc: func(context.Context) error { return errors.New("down") }})
+		synctest.Wait()
+		m.Logger().Info("claimed: running here", slog.Group("controller", slog.String("name", "push")))
+		m.Logger().Info("other", slog.Group("controller", slog.String("version", "7")))
+		m.RemoveAllAndWait()
+
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		require.Len(t, lines, 3, out.String())
+		for _, want := range []string{
+			`level=warning msg="controller failed; retrying" error=down name=push subsys=controller uuid=` + c.UUID(),
+			`level=info msg="claimed: running here" name=push subsys=controller`,
+			`level=info msg=other controller.version=7 subsys=controller`,
+		} {
+			assert.Contains(t, lines, want, "a query on name=push or uuid= finds the line")
+		}
+		assert.NotContains(t, out.String(), "controller.name")
+		assert.NotContains(t, out.String(), "controller.uuid")
 	})
 }
 

@@ -19,7 +19,9 @@ import (
 // logrus logger of [WithLogger] (logrus' standard logger by default), each
 // record then one logrus entry at the nearest level (below Debug: Trace)
 // with the record's attributes as fields, a group's keys prefixed with the
-// group's name and a dot.
+// group's name and a dot, but for a controller named as the core names it
+// on slog, slog.Group("controller", "name", …, "uuid", …): on logrus that
+// is name and uuid, as on the Manager's own entries.
 //
 // Code built around a Manager, such as the replicas of
 // github.com/bgctl/controller/ha, logs through it, so that a program that
@@ -101,7 +103,8 @@ func (h *logrusHandler) WithGroup(name string) slog.Handler {
 }
 
 // addLogrusField adds a to fields under prefix+key, a group's attributes
-// each under prefix+group+"."+key (a group without a key inline). It
+// each under prefix+group+"."+key (a group without a key inline), but
+// controller.name and controller.uuid under name and uuid (logrusKey). It
 // leaves out what a slog handler leaves out: an empty attribute and an
 // empty group.
 func addLogrusField(fields logrus.Fields, prefix string, a slog.Attr) {
@@ -110,7 +113,7 @@ func addLogrusField(fields logrus.Fields, prefix string, a slog.Attr) {
 		return
 	}
 	if a.Value.Kind() != slog.KindGroup {
-		fields[prefix+a.Key] = a.Value.Any()
+		fields[logrusKey(prefix+a.Key)] = a.Value.Any()
 		return
 	}
 	if a.Key != "" {

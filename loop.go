@@ -323,7 +323,8 @@ func (c *Controller) begin(l *loop, due bool) (_ action, start time.Duration) {
 // adopt makes the loop's own what follows from new parameters, once per
 // set of them and outside mu: l.do, just taken from them, wrapped by the
 // Manager's run middleware, and, when relabel says their group is another,
-// the goroutine's pprof labels. group is the parameters' Group.
+// the goroutine's pprof labels. group is the parameters' Group; l.timeout,
+// set with l.do, their RunTimeout.
 //
 // Out of line: it runs after updates only, and its frame, with the
 // middleware's, must not count in begin's.
@@ -335,7 +336,7 @@ func (c *Controller) adopt(l *loop, group Group, relabel bool) {
 		c.relabel(group.Name)
 	}
 	if len(c.mgr.middleware) > 0 {
-		l.do = c.wrapDo(l.do, group)
+		l.do = c.wrapDo(l.do, group, l.timeout)
 	}
 }
 

@@ -109,10 +109,11 @@ func NewManager(opts ...Option) *Manager {
 }
 
 // WithLogger makes the Manager log to l, with the field subsys=controller
-// added; each controller adds controller.name and controller.uuid (not
-// name and uuid, which a program's own fields may use). An entry about a
-// run has the run's context as its Context, for hooks that read values
-// such as a trace ID from it. Default (and for a nil l):
+// added; each controller adds its name and UUID under Cilium's keys, name
+// and uuid, so queries written for Cilium's logs keep matching (they
+// replace fields of l's under the same keys: [WithSlog] keeps both). An
+// entry about a run has the run's context as its Context, for hooks that
+// read values such as a trace ID from it. Default (and for a nil l):
 // logrus.StandardLogger(). It replaces a logger set by [WithSlog].
 func WithLogger(l logrus.FieldLogger) Option {
 	return func(m *Manager) {

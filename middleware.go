@@ -6,6 +6,7 @@ package controller
 import (
 	"fmt"
 	"runtime/debug"
+	"time"
 )
 
 // RunMiddleware wraps a controller's DoFunc: it gets the controller and
@@ -37,6 +38,9 @@ type RunInfo struct {
 	Name string
 	// Group is the group of the parameters the DoFunc came with.
 	Group Group
+	// RunTimeout is the RunTimeout of those parameters (0: none), which
+	// the [RunTimeoutError] of a timed-out run names.
+	RunTimeout time.Duration
 	// Controller is the controller itself, whose methods read its
 	// statistics: GetConsecutiveFailureCount, called as a run starts, is
 	// the number of failures in a row before it.
@@ -63,11 +67,11 @@ func WithRunMiddleware(mws ...RunMiddleware) Option {
 }
 
 // wrapDo returns do wrapped by the Manager's middleware for the
-// parameters of group, innermost first. The loop calls it, outside mu,
-// once per set of parameters (loop.stale).
-func (c *Controller) wrapDo(do ControllerFunc, group Group) ControllerFunc {
+// parameters of group and timeout, innermost first. The loop calls it,
+// outside mu, once per set of parameters (loop.stale).
+func (c *Controller) wrapDo(do ControllerFunc, group Group, timeout time.Duration) ControllerFunc {
 	mws := c.mgr.middleware
-	info := RunInfo{Name: c.name, Group: group, Controller: c}
+	info := RunInfo{Name: c.name, Group: group, RunTimeout: timeout, Controller: c}
 	for i := len(mws) - 1; i >= 0; i-- {
 		if w := c.applyMiddleware(mws[i], info, do); w != nil {
 			do = w

@@ -62,8 +62,8 @@ func (w *wrapLog) count(prefix string) int {
 
 // The middleware wraps a DoFunc once per set of parameters, before their
 // first run: timed runs and triggers reuse the wrapped function, an update
-// wraps the new DoFunc with the new group, and updates that come together
-// are wrapped once.
+// wraps the new DoFunc with the new group and RunTimeout, and updates that
+// come together are wrapped once.
 func TestRunMiddlewareWrapsOncePerSetOfParameters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t)
@@ -78,7 +78,7 @@ func TestRunMiddlewareWrapsOncePerSetOfParameters(t *testing.T) {
 		assert.Equal(t, 1, w.count("mw wrap"), "one wrap for the install")
 		assert.Equal(t, 5, w.count("mw run"), "every run goes through the middleware")
 
-		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: time.Second, Group: NewGroup("g2")})
+		e.m.UpdateController("c", ControllerParams{DoFunc: r.do, RunInterval: time.Second, Group: NewGroup("g2"), RunTimeout: 5 * time.Second})
 		synctest.Wait()
 		assert.Equal(t, 2, w.count("mw wrap"), "an update wraps again")
 		assert.Equal(t, "mw wrap c g2", w.all()[len(w.all())-2], "with the new group, before the run")
@@ -98,10 +98,13 @@ func TestRunMiddlewareWrapsOncePerSetOfParameters(t *testing.T) {
 
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		var timeouts []time.Duration
 		for _, info := range w.infos {
 			assert.Same(t, c, info.Controller)
 			assert.Equal(t, "c", info.Name)
+			timeouts = append(timeouts, info.RunTimeout)
 		}
+		assert.Equal(t, []time.Duration{0, 5 * time.Second, 0, 0}, timeouts, "each wrap's parameters' RunTimeout")
 	})
 }
 

@@ -303,7 +303,7 @@ func TestErrorWhoseMethodsPanic(t *testing.T) {
 		var warns []string
 		for _, en := range e.hook.AllEntries() {
 			if en.Level == logrus.WarnLevel {
-				warns = append(warns, en.Data["controller.name"].(string)+": "+fmt.Sprint(en.Data[logrus.ErrorKey]))
+				warns = append(warns, en.Data["name"].(string)+": "+fmt.Sprint(en.Data[logrus.ErrorKey]))
 			}
 		}
 		assert.ElementsMatch(t, []string{"typed-nil: " + want, "bad-chain: " + chain.LastFailureMsg}, warns, "one Warn per streak, not per run")

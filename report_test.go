@@ -65,8 +65,9 @@ func TestWarnOnChangedErrorWithinStreak(t *testing.T) {
 	})
 }
 
-// Logging: every controller's entry carries subsys, controller.name and
-// controller.uuid; Debug logs every run with its duration and outcome.
+// Logging: every controller's entry carries subsys and the controller's
+// name and UUID (controllerKeys); Debug logs every run with its duration
+// and outcome.
 func TestLogFieldsAndDebug(t *testing.T) {
 	forEachSink(t, func(t *testing.T, sink string) {
 		synctest.Test(t, func(t *testing.T) {
@@ -77,11 +78,12 @@ func TestLogFieldsAndDebug(t *testing.T) {
 			c := e.m.UpdateController("c", ControllerParams{DoFunc: r.do})
 			time.Sleep(2 * time.Second)
 			e.m.RemoveAllAndWait()
+			nameKey, uuidKey := controllerKeys(sink)
 			var debug []*logrus.Entry
 			for _, en := range e.hook.AllEntries() {
 				assert.Equal(t, "controller", en.Data["subsys"])
-				assert.Equal(t, "c", en.Data["controller.name"])
-				assert.Equal(t, c.UUID(), en.Data["controller.uuid"])
+				assert.Equal(t, "c", en.Data[nameKey])
+				assert.Equal(t, c.UUID(), en.Data[uuidKey])
 				if en.Level == logrus.DebugLevel {
 					debug = append(debug, en)
 				}

@@ -289,7 +289,7 @@ func (rc *releaseCounter) Fire(e *logrus.Entry) error {
 	if strings.HasPrefix(e.Message, "released") {
 		rc.mu.Lock()
 		defer rc.mu.Unlock()
-		rc.n[fmt.Sprint(e.Data["controller.name"])]++
+		rc.n[fmt.Sprint(e.Data["name"])]++
 	}
 	return nil
 }

@@ -131,7 +131,8 @@ func TestReplicaLogsToOptionsLogger(t *testing.T) {
 	logger.SetLevel(logrus.DebugLevel)
 	has := func(msg string) bool {
 		return slices.ContainsFunc(hook.AllEntries(), func(e *logrus.Entry) bool {
-			return e.Message == msg && e.Data["controller.name"] == "job"
+			// Cilium's key, in the replica's entries as in the core's.
+			return e.Message == msg && e.Data["name"] == "job"
 		})
 	}
 	logScene(t, Options{ID: "logrusser", Logger: logger, ManagerOptions: []controller.Option{controller.WithMetrics(nil)}},

@@ -530,9 +530,10 @@ func (r *Replica) createIfAbsent(ctx context.Context, key string, lease clientv3
 	return false, found, resp.Header.Revision, nil
 }
 
-// controllerAttr names a controller in a log line as the core does, in the
-// group "controller" (controller.name with logrus), so that it does not
-// collide with a "name" of the user's logger.
+// controllerAttr names a controller in a log line as the core does: on
+// slog in the group "controller", so that it does not collide with a
+// "name" of the user's logger; on logrus, where Manager.Logger renders
+// this group as the core's own entries, under Cilium's key, name.
 func controllerAttr(name string) slog.Attr {
 	return slog.Group("controller", slog.String("name", name))
 }

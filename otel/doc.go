@@ -1,8 +1,7 @@
 // Package otel traces the runs of github.com/bgctl/controller's
-// controllers with OpenTelemetry: one span per run of a DoFunc, named
-// after the controller, with its group, the failures in a row before the
-// run and the run's outcome as attributes, and the error recorded on a
-// failure.
+// controllers with OpenTelemetry: one span per run of a DoFunc, with the
+// controller's name and group, the failures in a row before the run and
+// the run's outcome as attributes, and the error recorded on a failure.
 //
 // It is a module of its own, so that the core keeps its few dependencies:
 // only a program that imports this package pulls in OpenTelemetry. Its
@@ -16,6 +15,20 @@
 // DoFunc once per set of parameters, and each run then starts a span from
 // the run's context, so a params.Context that carries a span makes the
 // runs its children. StopFuncs are not traced.
+//
+// # Span names
+//
+// A run's span is named after its controller: the span name is the
+// controller's name. Tracing backends index and group spans by name, so
+// controllers named per resource ("endpoint-12-sync", one per endpoint)
+// make one span name per resource, a cardinality most backends charge for
+// or cap. [WithSpanName] names the spans from something of a small fixed
+// set instead, such as the controller's group; the controller.name
+// attribute still says which controller ran:
+//
+//	ctlotel.Middleware(ctlotel.WithSpanName(func(info controller.RunInfo) string {
+//		return "controller " + info.Group.Name
+//	}))
 //
 // # Attributes
 //
@@ -32,9 +45,12 @@
 //     ErrControllerRemoved and the others). The controller records an
 //     ExitReason, not a failure.
 //   - timeout: the run's RunTimeout ended its context before anything
-//     else cancelled it (its cause is controller.ErrRunTimeout); the error
-//     is recorded and the span's status is Error, as the controller counts
-//     a failure.
+//     else cancelled it (its cause is controller.ErrRunTimeout); the span's
+//     status is Error, as the controller counts a failure, and the error
+//     recorded is the one the controller records, a
+//     [controller.RunTimeoutError] ("run timed out: DoFunc ran for its
+//     RunTimeout of 5s: context deadline exceeded"), not what DoFunc
+//     returned alone.
 //   - failure: any other error, or a panic (recorded as "panic: <value>",
 //     and passed on to the controller, which recovers it); the error is
 //     recorded and the span's status is Error.

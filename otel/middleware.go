@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/bgctl/controller"
 	otelglobal "go.opentelemetry.io/otel"
@@ -42,7 +43,8 @@ const (
 type Option func(*config)
 
 type config struct {
-	provider trace.TracerProvider // nil: the global one, asked at each wrap
+	provider trace.TracerProvider            // nil: the global one, asked at each wrap
+	spanName func(controller.RunInfo) string // nil: the controller's name
 }
 
 // WithTracerProvider makes the middleware start its spans from tp.
@@ -53,8 +55,22 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) { c.provider = tp }
 }
 
+// WithSpanName makes the middleware name each run's span name(info)
+// instead of the controller's name, info.Name. A tracing backend indexes
+// and groups by span name, so controllers named per resource
+// ("endpoint-12-sync", one per endpoint) make as many span names as there
+// are resources; name them from a small fixed set, such as their group,
+// and find a controller by its controller.name attribute, which every
+// span keeps. name is called once per set of parameters (when the
+// Manager wraps a DoFunc), never per run; an empty result, or a nil name,
+// leaves the controller's name.
+func WithSpanName(name func(info controller.RunInfo) string) Option {
+	return func(c *config) { c.spanName = name }
+}
+
 // Middleware returns a [controller.RunMiddleware] that starts a span for
-// every run, named after the controller, ends it when DoFunc returns, and
+// every run, named after the controller (or as [WithSpanName] says), ends
+// it when DoFunc returns, and
 // records the run's outcome on it (see the package documentation).
 // Install it with [controller.WithRunMiddleware].
 func Middleware(opts ...Option) controller.RunMiddleware {
@@ -68,10 +84,16 @@ func Middleware(opts ...Option) controller.RunMiddleware {
 			tp = otelglobal.GetTracerProvider()
 		}
 		r := &runTracer{
-			tracer: tp.Tracer(ScopeName),
-			name:   info.Name,
-			ctl:    info.Controller,
-			do:     do,
+			tracer:  tp.Tracer(ScopeName),
+			name:    info.Name,
+			timeout: info.RunTimeout,
+			ctl:     info.Controller,
+			do:      do,
+		}
+		if cfg.spanName != nil {
+			if name := cfg.spanName(info); name != "" {
+				r.name = name
+			}
 		}
 		// Made once per wrap, not per run.
 		attrs := []attribute.KeyValue{NameKey.String(info.Name)}
@@ -86,11 +108,12 @@ func Middleware(opts ...Option) controller.RunMiddleware {
 // runTracer wraps one DoFunc. Its fields are set once, by the wrap, and
 // only read by the runs, which never overlap.
 type runTracer struct {
-	tracer trace.Tracer
-	name   string
-	start  []trace.SpanStartOption
-	ctl    *controller.Controller // nil: no failure count
-	do     controller.ControllerFunc
+	tracer  trace.Tracer
+	name    string        // the span's
+	timeout time.Duration // the parameters' RunTimeout
+	start   []trace.SpanStartOption
+	ctl     *controller.Controller // nil: no failure count
+	do      controller.ControllerFunc
 }
 
 // run is the wrapped DoFunc: a span around one call of do.
@@ -127,15 +150,18 @@ func (r *runTracer) run(ctx context.Context) (err error) {
 	err = r.do(ctx)
 	returned = true
 	if span.IsRecording() {
-		recordOutcome(ctx, span, err)
+		r.recordOutcome(ctx, span, err)
 	}
 	span.End()
 	return err
 }
 
 // recordOutcome sets the outcome of a run that returned err, and what
-// goes with it, on span.
-func recordOutcome(ctx context.Context, span trace.Span, err error) {
+// goes with it, on span. A timed-out run's error is the one the
+// controller records, a [controller.RunTimeoutError] naming the
+// RunTimeout (and DoFunc's error, if any), not what DoFunc returned
+// alone, which is often just "context deadline exceeded" or nil.
+func (r *runTracer) recordOutcome(ctx context.Context, span trace.Span, err error) {
 	switch outcome, detail := outcomeOf(ctx, err); outcome {
 	case OutcomeSuccess:
 		span.SetAttributes(OutcomeKey.String(outcome))
@@ -143,6 +169,13 @@ func recordOutcome(ctx context.Context, span trace.Span, err error) {
 		span.SetAttributes(OutcomeKey.String(outcome), ExitReasonKey.String(detail))
 	case OutcomeCancelled:
 		span.SetAttributes(OutcomeKey.String(outcome), CancelCauseKey.String(detail))
+	case OutcomeTimeout:
+		te := &controller.RunTimeoutError{Timeout: r.timeout}
+		if err != nil {
+			// Its message, read safely, as the controller reads it.
+			te.Err = errors.New(message(err))
+		}
+		recordFailure(span, outcome, te)
 	default:
 		recordFailure(span, outcome, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -131,7 +132,10 @@ func TestASpanPerRun(t *testing.T) {
 }
 
 // A run cancelled by a removal, an update or its RunTimeout, and one that
-// panics: the outcome the span shows is the one the controller records.
+// panics: the outcome the span shows is the one the controller records,
+// and so is a failure's error, a timed-out run's included (the span's
+// status says "run timed out: …", not DoFunc's "context deadline
+// exceeded").
 func TestSpanOutcomesAgreeWithTheController(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -156,13 +160,18 @@ func TestSpanOutcomesAgreeWithTheController(t *testing.T) {
 		{name: "timed out", params: controller.ControllerParams{RunTimeout: time.Second},
 			do:   func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
 			act:  func(*controller.Manager) { time.Sleep(time.Second) },
-			want: run{Outcome: "timeout", Status: codes.Error, Error: "context deadline exceeded"}, failures: 1,
+			want: run{Outcome: "timeout", Status: codes.Error, Error: "run timed out: DoFunc ran for its RunTimeout of 1s: context deadline exceeded"}, failures: 1,
 			lastErr: "run timed out: DoFunc ran for its RunTimeout of 1s: context deadline exceeded"},
 		{name: "timed out, returning nil", params: controller.ControllerParams{RunTimeout: time.Second},
 			do:   func(ctx context.Context) error { <-ctx.Done(); return nil },
 			act:  func(*controller.Manager) { time.Sleep(time.Second) },
-			want: run{Outcome: "timeout", Status: codes.Error}, failures: 1,
+			want: run{Outcome: "timeout", Status: codes.Error, Error: "run timed out: DoFunc ran for its RunTimeout of 1s"}, failures: 1,
 			lastErr: "run timed out: DoFunc ran for its RunTimeout of 1s"},
+		{name: "timed out, with an error whose Error method panics", params: controller.ControllerParams{RunTimeout: time.Second},
+			do:   func(ctx context.Context) error { <-ctx.Done(); var e *brokenError; return e },
+			act:  func(*controller.Manager) { time.Sleep(time.Second) },
+			want: run{Outcome: "timeout", Status: codes.Error, Error: "run timed out: DoFunc ran for its RunTimeout of 1s: error of type *otel_test.brokenError: its Error method panicked: runtime error: invalid memory address or nil pointer dereference"}, failures: 1,
+			lastErr: "run timed out: DoFunc ran for its RunTimeout of 1s: error of type *otel_test.brokenError: its Error method panicked: runtime error: invalid memory address or nil pointer dereference"},
 		{name: "panicked",
 			do:   func(context.Context) error { panic("kaboom") },
 			want: run{Outcome: "failure", Status: codes.Error, Error: "panic: kaboom"}, failures: 1, lastErr: "panic: kaboom"},
@@ -201,6 +210,54 @@ func TestSpanOutcomesAgreeWithTheController(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The span name is the controller's by default; WithSpanName names it
+// instead, once per set of parameters, from what RunInfo holds, and an
+// empty name leaves the controller's. Every span keeps controller.name.
+func TestWithSpanName(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := tracetest.NewSpanRecorder()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+		defer func() { _ = tp.Shutdown(context.Background()) }()
+		var mu sync.Mutex
+		var named []string // guarded by mu: each controller wraps on its own goroutine
+		m := controller.NewManager(controller.WithMetrics(nil), controller.WithRunMiddleware(
+			ctlotel.Middleware(ctlotel.WithTracerProvider(tp), ctlotel.WithSpanName(func(info controller.RunInfo) string {
+				mu.Lock()
+				named = append(named, info.Name)
+				mu.Unlock()
+				if info.Group.Name == "" {
+					return ""
+				}
+				return "controller " + info.Group.Name
+			})),
+			ctlotel.Middleware(ctlotel.WithTracerProvider(tp), ctlotel.WithSpanName(nil)),
+		))
+		for _, name := range []string{"endpoint-12-sync", "endpoint-13-sync"} {
+			m.UpdateController(name, controller.ControllerParams{Group: controller.NewGroup("endpoint-sync"), DoFunc: controller.NoopFunc, RunInterval: time.Second})
+		}
+		m.UpdateController("gc", controller.ControllerParams{DoFunc: controller.NoopFunc})
+		time.Sleep(time.Second + time.Millisecond)
+		m.RemoveAllAndWait()
+
+		got := map[string][]string{} // controller.name: its span names, outer (WithSpanName) then inner (nil) per run
+		for _, s := range rec.Ended() {
+			for _, a := range s.Attributes() {
+				if a.Key == ctlotel.NameKey {
+					got[a.Value.AsString()] = append(got[a.Value.AsString()], s.Name())
+				}
+			}
+		}
+		assert.Equal(t, map[string][]string{
+			"endpoint-12-sync": {"endpoint-12-sync", "controller endpoint-sync", "endpoint-12-sync", "controller endpoint-sync"},
+			"endpoint-13-sync": {"endpoint-13-sync", "controller endpoint-sync", "endpoint-13-sync", "controller endpoint-sync"},
+			"gc":               {"gc", "gc"},
+		}, got, "the inner span ends first")
+		mu.Lock()
+		defer mu.Unlock()
+		assert.ElementsMatch(t, []string{"endpoint-12-sync", "endpoint-13-sync", "gc"}, named, "one call per set of parameters, not per run")
+	})
 }
 
 // brokenError's Error method dereferences its nil receiver.
