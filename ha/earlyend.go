@@ -216,6 +216,7 @@ func (r *Replica) pollLeases(ep *epoch) {
 		for l, at := range r.leaseExpiry {
 			if now.Sub(at) > r.opts.TTL {
 				delete(r.leaseExpiry, l) // long gone
+				delete(r.leaseLast, l)
 			}
 		}
 		r.mu.Unlock()
@@ -228,9 +229,15 @@ func (r *Replica) pollLeases(ep *epoch) {
 				continue
 			}
 			at := sent.Add(time.Duration(resp.TTL) * time.Second)
+			a := leaseAnswer{sent: sent, ttl: time.Duration(resp.TTL) * time.Second, granted: time.Duration(resp.GrantedTTL) * time.Second}
 			r.mu.Lock()
 			if at.After(r.leaseExpiry[l]) {
 				r.leaseExpiry[l] = at
+			}
+			prev, seen := r.leaseLast[l]
+			r.leaseLast[l] = a
+			if a.stale() && (!seen || !prev.stale()) {
+				r.log.Info(fmt.Sprintf("member %q has not renewed its lease for %v: it stopped, or cannot reach etcd; its names move when the lease runs out, in %v unless it renews", r.holderOfLocked(l), a.since(sent).Round(time.Second), a.ttl), "lease", leaseHex(l))
 			}
 			r.mu.Unlock()
 		}
@@ -240,6 +247,37 @@ func (r *Replica) pollLeases(ep *epoch) {
 		case <-t.C:
 		}
 	}
+}
+
+// leaseAnswer is one TimeToLive answer for a member's lease.
+type leaseAnswer struct {
+	sent    time.Time     // when the request was sent
+	ttl     time.Duration // the time left, in whole seconds (etcd truncates)
+	granted time.Duration // the lease's TTL
+}
+
+// since returns how long before now the member last renewed its lease, as
+// etcd counts: the TTL less the time left, plus the answer's age. etcd
+// truncates the time left to whole seconds, so the time left is taken to
+// be half a second more than it says: within half a second.
+func (a leaseAnswer) since(now time.Time) time.Duration {
+	return max(a.granted-a.ttl-time.Second/2+now.Sub(a.sent), 0)
+}
+
+// stale reports whether the member had not renewed its lease for half
+// its TTL or more: a replica renews every (TTL − Margin)/4, so it missed
+// several keepalives.
+func (a leaseAnswer) stale() bool { return a.ttl < a.granted/2 }
+
+// holderOfLocked returns the member whose key is under lease l, "" when
+// none is in the view.
+func (r *Replica) holderOfLocked(l clientv3.LeaseID) string {
+	for id, ml := range r.memberLeases {
+		if ml == l {
+			return id
+		}
+	}
+	return ""
 }
 
 // revokeOld revokes the lease of the epoch before ep, once ep's member

@@ -7,11 +7,15 @@ package ha
 
 import (
 	"context"
+	"io"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/bgctl/controller"
+	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -168,5 +172,74 @@ func TestRevokedLeaseOfACutOffReplicaWaitsItsFence(t *testing.T) {
 	took := c.waitRestarted(moved, revoked, 3*c.opts.TTL+10*time.Second)
 	t.Logf("r0 cut off and its lease revoked: its names run elsewhere %v later (TTL %v)", took.Round(time.Millisecond), c.opts.TTL)
 	c.rec.assertNoOverlap(t)
+	victim.proxy.heal()
+}
+
+// infoCounter counts a test's Info lines that start with prefix.
+type infoCounter struct {
+	prefix string
+	n      atomic.Int64
+}
+
+func (c *infoCounter) Levels() []logrus.Level { return []logrus.Level{logrus.InfoLevel} }
+
+func (c *infoCounter) Fire(e *logrus.Entry) error {
+	if strings.HasPrefix(e.Message, c.prefix) {
+		c.n.Add(1)
+	}
+	return nil
+}
+
+// A member that stops renewing (cut off from etcd) shows as not renewing
+// in the others' Status, with the time since its last renewal growing,
+// well before its lease runs out, and they log it at Info, once; its
+// departure is logged when its lease ends. Before, the page read "ok"
+// until the names moved.
+func TestAMemberThatStopsRenewingIsShown(t *testing.T) {
+	opts := testOptions()
+	opts.TTL, opts.Margin = 4*time.Second, time.Second
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	l.SetLevel(logrus.InfoLevel)
+	stale := &infoCounter{prefix: `member "r0" has not renewed its lease`}
+	gone := &infoCounter{prefix: `member "r0" is gone`}
+	l.AddHook(stale)
+	l.AddHook(gone)
+	c := newCluster(t, 3, opts)
+	victim := c.join("r0")
+	c.opts.Logger = l
+	watcher := c.join("r1")
+	waitFor(t, "r1 to read r0's lease", func() bool {
+		for _, m := range watcher.r.Status().Members {
+			if m.ID == "r0" && m.Renewed != nil {
+				return !m.NotRenewing && time.Duration(*m.Renewed) < opts.TTL/2
+			}
+		}
+		return false
+	})
+	victim.proxy.cut()
+	cut := time.Now()
+	var seen MemberStatus
+	waitFor(t, "r1 to show r0 not renewing", func() bool {
+		for _, m := range watcher.r.Status().Members {
+			if m.ID == "r0" && m.NotRenewing {
+				seen = m
+				return true
+			}
+		}
+		return false
+	})
+	took := time.Since(cut)
+	t.Logf("r0 shown not renewing %v after the cut (renewed %v ago; TTL %v)", took.Round(time.Millisecond), seen.Renewed, opts.TTL)
+	if took >= opts.TTL {
+		t.Errorf("shown not renewing %v after the cut, not before its lease ran out (TTL %v)", took, opts.TTL)
+	}
+	if time.Duration(*seen.Renewed) < opts.TTL/2-time.Second {
+		t.Errorf("r0 not renewing, but renewed %v ago", seen.Renewed)
+	}
+	waitFor(t, "r0 to be gone", func() bool { return gone.n.Load() > 0 })
+	if n := stale.n.Load(); n != 1 {
+		t.Errorf("%d Info lines about r0 not renewing, want 1", n)
+	}
 	victim.proxy.heal()
 }

@@ -77,7 +77,7 @@ type placementPage struct {
 
 // memberRow is one member in the page; empty cells are unknown.
 type memberRow struct {
-	Class, Self, ID, Lease, TTL, Fence, Revision string
+	Class, Self, ID, Lease, TTL, Renewed, Fence, Revision string
 }
 
 // nameRow is one name in the page; empty cells are unknown or absent.
@@ -100,6 +100,12 @@ func newPlacementPage(st Status, stErr error, markedOnly bool, now time.Time) *p
 		row := memberRow{Class: "member", ID: m.ID, Lease: m.Lease, Revision: strconv.FormatInt(m.Revision, 10)}
 		if m.TTL != nil {
 			row.TTL = m.TTL.String()
+		}
+		if m.Renewed != nil {
+			row.Renewed = m.Renewed.String() + " ago"
+		}
+		if m.NotRenewing {
+			row.Class, row.Renewed = "stale", row.Renewed+", not renewing"
 		}
 		if m.ID == st.ID {
 			row.Class, row.Self, row.Fence = "self", "this replica", p.Fence
@@ -139,9 +145,9 @@ func newPlacementPage(st Status, stErr error, markedOnly bool, now time.Time) *p
 //	Replicas of /svc, seen from r0 (spread, lease 694d7f3b2a1c8d04, fence 1.4s) at 2026-01-02T15:04:05Z
 //
 //	Members: 2
-//	Member   Lease              Lease TTL   Fence   Key revision
-//	r0 *     694d7f3b2a1c8d04   2s          1.4s    5
-//	r1       694d7f3b2a1c8d09   2s          -       7
+//	Member   Lease              Lease TTL   Renewed     Fence   Key revision
+//	r0 *     694d7f3b2a1c8d04   2s          -           1.4s    5
+//	r1       694d7f3b2a1c8d09   2s          0s ago      -       7
 //
 //	Names: 1 held by their owner, 1 without a holder, 0 held by a non-owner
 //	Mark        Name     Owner   Holder   Held since   Claim revision   Here
@@ -160,13 +166,13 @@ func (p *placementPage) writeText(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nMembers: %d\n", p.Members)
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-	fmt.Fprintln(tw, "Member\tLease\tLease TTL\tFence\tKey revision")
+	fmt.Fprintln(tw, "Member\tLease\tLease TTL\tRenewed\tFence\tKey revision")
 	for _, m := range p.MemberRows {
 		id := cell(m.ID)
 		if m.Self != "" {
 			id += " *"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", id, cell(m.Lease), cell(m.TTL), cell(m.Fence), cell(m.Revision))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", id, cell(m.Lease), cell(m.TTL), cell(m.Renewed), cell(m.Fence), cell(m.Revision))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

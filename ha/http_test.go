@@ -132,8 +132,9 @@ func TestPlacementText(t *testing.T) {
 	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
 	ttl := controller.Duration(2 * time.Second)
 	since := now.Add(-5 * time.Second)
+	renewed := controller.Duration(8 * time.Second)
 	st := Status{Prefix: "/svc", ID: "r0", Mode: "spread", Lease: "694d7f3b2a1c8d04", Fence: controller.Duration(1400 * time.Millisecond),
-		Members: []MemberStatus{{ID: "r0", Lease: "694d7f3b2a1c8d04", Revision: 5, TTL: &ttl}, {ID: "r1", Lease: "694d7f3b2a1c8d09", Revision: 7}},
+		Members: []MemberStatus{{ID: "r0", Lease: "694d7f3b2a1c8d04", Revision: 5, TTL: &ttl}, {ID: "r1", Lease: "694d7f3b2a1c8d09", Revision: 7, Renewed: &renewed, NotRenewing: true}},
 		Names: []NameStatus{
 			{Name: "job-00", Owner: "r0", Holder: "r0", Since: &since, Revision: 12, State: "running"},
 			{Name: "job-01", Owner: "r1"},
@@ -147,9 +148,9 @@ func TestPlacementText(t *testing.T) {
 Error: member "r1": reading lease 694d7f3b2a1c8d09: deadline exceeded
 
 Members: 2
-Member   Lease              Lease TTL   Fence   Key revision
-r0 *     694d7f3b2a1c8d04   2s          1.4s    5
-r1       694d7f3b2a1c8d09   -           -       7
+Member   Lease              Lease TTL   Renewed                Fence   Key revision
+r0 *     694d7f3b2a1c8d04   2s          -                      1.4s    5
+r1       694d7f3b2a1c8d09   -           8s ago, not renewing   -       7
 
 Names: 1 held by their owner, 1 without a holder, 1 held by a non-owner
 Mark                  Name     Owner   Holder   Held since   Claim revision   Here
@@ -298,8 +299,11 @@ func TestPlacementHandler(t *testing.T) {
 	if got := members.column(1); !slices.Equal(got, []string{"r0", "r1"}) {
 		t.Errorf("members %q", got)
 	}
-	if members.classes[0] != "self" || members.rows[0][0] != "this replica" || members.rows[0][4] == "" || members.rows[1][4] != "" {
+	if members.classes[0] != "self" || members.rows[0][0] != "this replica" || members.rows[0][5] == "" || members.rows[1][5] != "" {
 		t.Errorf("member rows %q %q: r0 marked as the serving replica, with its fence alone", members.classes, members.rows)
+	}
+	if members.rows[0][4] != "" || !strings.HasSuffix(members.rows[1][4], "s ago") || members.classes[1] != "member" {
+		t.Errorf("member rows %q %q: r1 renewed some seconds ago, and renewing; r0's own renewal not shown", members.classes, members.rows)
 	}
 	if got := names.column(1)[:2]; !slices.Equal(got, []string{alone, "taken"}) {
 		t.Errorf("names %q: the marked ones first", names.column(1))

@@ -248,6 +248,13 @@ func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 					ends.own++
 				}
 				r.gone[id] = goneMember{lease: lease, leaving: r.leaving[id] == lease}
+				if id != r.opts.ID {
+					if r.gone[id].leaving {
+						r.log.Info(fmt.Sprintf("member %q left", id), "lease", leaseHex(lease))
+					} else {
+						r.log.Info(fmt.Sprintf("member %q is gone: its key was deleted, with its lease or alone", id), "lease", leaseHex(lease))
+					}
+				}
 			}
 			delete(r.memberLeases, id)
 			delete(r.leaving, id)

@@ -124,12 +124,14 @@ type Replica struct {
 	//	leaving      members whose key shows them leaving, with the lease it is under
 	//	gone         members whose key the view saw go (or found gone at a listing)
 	//	leaseExpiry  for each member's lease, the earliest it could run out
+	//	leaseLast    for each member's lease, the last answer read (Status: since its last renewal)
 	//	quarantine   names not to claim before a time: their claim ended with a lease that ended early
 	//	gates        members whose lease ended unseen, maybe early: no free name is claimed before a time
 	//	prevClaims, prevMembers, prevLeaving  the view of the epoch that ended at a fence pass, for the next listing
 	leaving     map[string]clientv3.LeaseID
 	gone        map[string]goneMember
 	leaseExpiry map[clientv3.LeaseID]time.Time
+	leaseLast   map[clientv3.LeaseID]leaseAnswer // the last TimeToLive answer for each member's lease
 	quarantine  map[string]quarantined
 	gates       map[string]gate
 	prevClaims  map[string]claimView
@@ -276,6 +278,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		leaving:      make(map[string]clientv3.LeaseID),
 		gone:         make(map[string]goneMember),
 		leaseExpiry:  make(map[clientv3.LeaseID]time.Time),
+		leaseLast:    make(map[clientv3.LeaseID]leaseAnswer),
 		quarantine:   make(map[string]quarantined),
 		gates:        make(map[string]gate),
 	}

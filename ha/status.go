@@ -65,6 +65,17 @@ type MemberStatus struct {
 	// [Replica.GroupStatus], which asks etcd; nil from [Replica.Status],
 	// and when etcd did not tell.
 	TTL *controller.Duration `json:"ttl,omitempty"`
+	// Renewed is how long ago the member last renewed its lease, as etcd
+	// counts: its TTL less the time left at this replica's last reading
+	// (every (TTL − Margin)/4), plus that reading's age; within half a
+	// second, as etcd counts whole seconds. A replica renews every (TTL −
+	// Margin)/4. Nil for this replica itself, and before the first
+	// reading.
+	Renewed *controller.Duration `json:"renewed,omitempty"`
+	// NotRenewing is true when the member had not renewed its lease for
+	// half its TTL or more at the last reading: it stopped, or cannot
+	// reach etcd, and its names move when the lease runs out.
+	NotRenewing bool `json:"not-renewing,omitempty"`
 }
 
 // NameStatus is where one name stands, as a replica sees it.
@@ -103,8 +114,14 @@ func (r *Replica) Status() Status {
 	if r.joinErr != nil {
 		st.JoinError = r.joinErr.Error()
 	}
+	now := time.Now()
 	for id, rev := range r.members {
-		st.Members = append(st.Members, MemberStatus{ID: id, Lease: leaseHex(r.memberLeases[id]), Revision: rev})
+		m := MemberStatus{ID: id, Lease: leaseHex(r.memberLeases[id]), Revision: rev}
+		if a, ok := r.leaseLast[r.memberLeases[id]]; ok && id != r.opts.ID {
+			renewed := controller.Duration(a.since(now).Round(time.Second))
+			m.Renewed, m.NotRenewing = &renewed, a.stale()
+		}
+		st.Members = append(st.Members, m)
 	}
 	slices.SortFunc(st.Members, func(a, b MemberStatus) int { return strings.Compare(a.ID, b.ID) })
 	st.Names = make([]NameStatus, 0, len(r.regs))
