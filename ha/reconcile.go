@@ -224,7 +224,7 @@ func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 	// A lease's end deletes its keys in one revision, which etcd never
 	// splits between responses: the deletions are judged a revision at a
 	// time (endsLocked).
-	ends := lastEnds{claims: make(map[string]claimView)}
+	var ends lastEnds
 	for _, ev := range wr.Events {
 		if ev.Kv.ModRevision != ends.rev {
 			r.endsLocked(ep, &ends, now)
@@ -267,6 +267,9 @@ func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 				if c.lease == ep.lease {
 					ends.own++
 				} else {
+					if ends.claims == nil {
+						ends.claims = make(map[string]claimView) // only when others' claims go
+					}
 					ends.claims[name] = c
 				}
 			}
