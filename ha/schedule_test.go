@@ -105,17 +105,17 @@ func TestRandomSchedule(t *testing.T) {
 			if others := live(reachable); len(others) >= 2 {
 				c.leave(others[rng.IntN(len(others))])
 			}
-			if err := writeNoise(c.prefix, "lag", 200+rng.IntN(400)); err != nil {
+			if err := writeNoise(c.etcdAddrs(), c.prefix, "lag", 200+rng.IntN(400)); err != nil {
 				t.Fatal(err)
 			}
 			if len(c.nodes) < 4 {
 				c.join(fmt.Sprintf("j%d", next))
 				next++
 			}
-			if err := writeNoise(c.prefix, "lag", 1100+rng.IntN(400)); err != nil {
+			if err := writeNoise(c.etcdAddrs(), c.prefix, "lag", 1100+rng.IntN(400)); err != nil {
 				t.Fatal(err)
 			}
-			wait := writeNoiseBehind(t, c.prefix, "lag", 1000)
+			wait := writeNoiseBehind(t, c.etcdAddrs(), c.prefix, "lag", 1000)
 			n.proxy.heal()
 			delete(partitioned, n.id)
 			wait()
