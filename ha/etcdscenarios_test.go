@@ -19,7 +19,7 @@ import (
 var scenarioTTLs = flag.String("ha.cluster.ttls", "2s", "the lease TTLs TestEtcdClusterScenarios runs at, comma-separated; TTL 10s scenarios take about 40s each (-ha.cluster.ttls=2s,10s)")
 
 // newClusterOn is newCluster with replicas whose clients reach every member
-// of ec.
+// of ec; with ec nil, the tests' single member.
 func newClusterOn(t testing.TB, names int, opts Options, ec *etcdCluster) *cluster {
 	t.Helper()
 	c := newCluster(t, names, opts)
