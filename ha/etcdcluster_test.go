@@ -148,16 +148,6 @@ func (ec *etcdCluster) clientAddrs() []string {
 	return a
 }
 
-func (ec *etcdCluster) member(name string) *etcdMember {
-	for _, m := range ec.members {
-		if m.name == name {
-			return m
-		}
-	}
-	ec.t.Fatalf("no etcd member %q", name)
-	return nil
-}
-
 // start starts m's process, on data it may have from before.
 func (ec *etcdCluster) start(m *etcdMember) error {
 	logf, err := os.OpenFile(m.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -7,8 +7,6 @@ package ha
 import (
 	"cmp"
 	"flag"
-	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -139,44 +137,4 @@ func runClusterScenario(t *testing.T, ttl time.Duration, sc clusterScenario) {
 		}
 	}
 	ec.restore() // the replicas' Close at the end reaches etcd
-}
-
-// longestStop returns the longest time within [from, to] that one of names
-// ran nowhere (no DoFunc or StopFunc of it running on any replica), and
-// that name.
-func (rec *recorder) longestStop(names []string, from, to time.Duration) (time.Duration, string) {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	var longest time.Duration
-	var which string
-	for _, name := range names {
-		runs := slices.Clone(rec.runs[name])
-		sort.Slice(runs, func(i, j int) bool { return runs[i].start < runs[j].start })
-		covered := from // the name ran, or the window began, until here
-		note := func(until time.Duration) {
-			if gap := min(until, to) - covered; gap > longest {
-				longest, which = gap, name
-			}
-		}
-		for _, run := range runs {
-			end := run.end
-			if end < 0 {
-				end = to // running still
-			}
-			if end <= covered {
-				continue
-			}
-			if run.start > covered {
-				note(run.start)
-			}
-			covered = max(covered, end)
-			if covered >= to {
-				break
-			}
-		}
-		if covered < to {
-			note(to)
-		}
-	}
-	return longest, which
 }
