@@ -4,7 +4,6 @@
 package ha
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"time"
@@ -217,7 +216,7 @@ func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent [
 		return nil, nil, ep.ctx.Err()
 	}
 	defer func() { <-ep.sem }()
-	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	ctx, cancel := r.leaderRequest(ep.ctx)
 	defer cancel()
 	resp, err := r.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 	if err != nil {

@@ -204,9 +204,11 @@
 //
 // The defaults are TTL 10s and Margin TTL/4; Margin must be at least
 // 200ms, and leave at least 200ms of TTL (the fence passes 100ms before
-// TTL − Margin, rule 3). A keepalive is sent every
-// (TTL − Margin)/4, one at a time, each waiting for its answer as long as
-// the fence has left, so a slow etcd still extends the fence. A crashed replica's names move after
+// TTL − Margin, rule 3). A keepalive is sent every (TTL − Margin)/4, each
+// waiting for its answer as long as the fence has left, so a slow etcd
+// still extends the fence; while one is unanswered, another is sent every
+// quarter period, up to four in flight, which the client puts on its
+// other endpoints (see the next section). A crashed replica's names move after
 // about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
 // without an answer, and its names move after its lease expired. A short
 // TTL moves names sooner but stops replicas on shorter etcd hiccups.
@@ -244,10 +246,18 @@
 // losing the connection. A dead connection is then closed within 15s of
 // its last answer. That is longer than the default fence window, TTL −
 // Margin: with one endpoint, a replica whose connection dies stops its
-// names when its fence passes, as in any partition; with several, a
-// keepalive sent on the dead connection waits as long as the fence has
-// left, so the fence may pass too, and the replica joins again on a live
-// connection.
+// names when its fence passes, as in any partition; with several, the
+// keepalives sent while one waits on the dead connection go to the
+// others, and extend the fence.
+//
+// Give the client every member's endpoint. A member cut off from its
+// peers still answers its clients: every request of a replica that needs
+// the leader (keepalives, claims, releases, listings, the member key, the
+// watch) carries etcd's require-leader flag, so such a member refuses it
+// at once, once it knows it has no leader, and the request goes to
+// another endpoint; until it knows (up to two election timeouts), the
+// hedged keepalives keep the fence open. A quorum lost for longer than
+// TTL − Margin passes every replica's fence.
 //
 // # Watching a replica
 //
@@ -274,7 +284,8 @@
 // # Goroutines
 //
 // [New] starts none. [Replica.Join] starts the replica's loop goroutine,
-// which owns all others: the keepalive goroutine of the current lease, the
+// which owns all others: the keepalive goroutine of the current lease (and
+// the requests in flight it starts and joins at each renewal), the
 // goroutine that reads the other members' remaining TTLs (rule 5), one
 // that revokes the previous epoch's lease, two claim workers (however many
 // names there are), one worker per name being

@@ -20,11 +20,26 @@ import (
 )
 
 // slowParams are a recorder's params whose DoFunc and StopFunc each go on
-// for most of Margin after their cancellation: the contract allows it, so
-// the next holder must not start before they returned. With ignoreCtx the
-// StopFunc takes five Margins instead, whatever its context says.
+// for most of Margin (0.9 ×) after their cancellation: the contract allows
+// it, so the next holder must not start before they returned. With
+// ignoreCtx the StopFunc takes five Margins instead, whatever its context
+// says.
 func slowParams(rec *recorder, replica, name string, margin time.Duration, ignoreCtx bool) controller.ControllerParams {
-	lingers := margin * 9 / 10
+	p := lingeringParams(rec, replica, name, margin*9/10)
+	if ignoreCtx {
+		p.StopFunc = func(context.Context) error {
+			i := rec.begin(replica, name)
+			time.Sleep(5 * margin)
+			rec.finish(name, i)
+			return nil
+		}
+	}
+	return p
+}
+
+// lingeringParams are a recorder's params whose DoFunc goes on for lingers
+// after its cancellation, and whose StopFunc works as long.
+func lingeringParams(rec *recorder, replica, name string, lingers time.Duration) controller.ControllerParams {
 	return controller.ControllerParams{
 		DoFunc: func(ctx context.Context) error {
 			i := rec.begin(replica, name)
@@ -33,13 +48,9 @@ func slowParams(rec *recorder, replica, name string, margin time.Duration, ignor
 			rec.finish(name, i)
 			return nil
 		},
-		StopFunc: func(ctx context.Context) error {
+		StopFunc: func(context.Context) error {
 			i := rec.begin(replica, name)
-			if ignoreCtx {
-				time.Sleep(5 * margin)
-			} else {
-				time.Sleep(lingers) // a StopFunc's work; its cancellation comes at the earliest at its start
-			}
+			time.Sleep(lingers) // a StopFunc's work; its cancellation comes at the earliest at its start
 			rec.finish(name, i)
 			return nil
 		},

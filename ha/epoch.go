@@ -86,7 +86,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	}
 	ttl := r.opts.TTL
 	sent := time.Now()
-	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
+	gctx, cancel := r.leaderRequest(ctx)
 	g, err := r.cli.Grant(gctx, int64(ttl/time.Second))
 	cancel()
 	if err != nil {
@@ -104,7 +104,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		_, _ = r.cli.Revoke(rctx, g.ID) // best effort: it expires anyway
 		return nil, err
 	}
-	mctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
+	mctx, cancel := r.leaderRequest(ctx)
 	defer cancel()
 	key := r.keys.members + r.opts.ID
 	created, kv, joinedAt, err := r.createIfAbsent(mctx, key, g.ID)
@@ -167,20 +167,18 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 // keepAlive renews the epoch's lease every keepAliveEvery and extends the
 // fence to (send time) + TTL − Margin on every answer. The send time is
 // taken before the request, so the fence never outlives the server's
-// lease, which counts from the request's arrival. One request is in
-// flight at a time, and it may take as long as the fence has left: under
-// load a slow answer still extends the fence, where a shorter timeout
-// would throw it away. It ends with the epoch, the fence, or stopRenew;
-// owned by the loop, joined through ep.wg and ep.renewed.
+// lease, which counts from the request's arrival. A renewal may take as
+// long as the fence has left: under load a slow answer still extends the
+// fence, where a shorter timeout would throw it away; renewLease hedges
+// it on other endpoints meanwhile. It ends with the epoch, the fence, or
+// stopRenew; owned by the loop, joined through ep.wg and ep.renewed.
 func (r *Replica) keepAlive(ep *epoch) {
 	defer ep.wg.Done()
 	defer close(ep.renewed)
 	every := r.opts.keepAliveEvery()
 	for {
-		sent := time.Now()
-		ctx, cancel := context.WithTimeout(ep.renew, max(ep.fence.remaining(), every))
-		resp, err := r.cli.KeepAliveOnce(ctx, ep.lease)
-		cancel()
+		start := time.Now()
+		sent, resp, err := r.renewLease(ep)
 		switch {
 		case err == nil:
 			r.opts.Metrics.rtt.Observe(time.Since(sent).Seconds())
@@ -190,7 +188,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 			ep.fence.expire(errLeaseLost)
 			return
 		}
-		t := time.NewTimer(time.Until(sent.Add(every)))
+		t := time.NewTimer(time.Until(start.Add(every)))
 		select {
 		case <-ep.renew.Done():
 			t.Stop()

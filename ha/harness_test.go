@@ -201,6 +201,46 @@ func (rec *recorder) handover(replica string, names []string, since time.Duratio
 	return lastEnd, firstOther
 }
 
+// longestStop returns the longest time within [from, to] that one of names
+// ran nowhere (no DoFunc or StopFunc of it running on any replica), and
+// that name.
+func (rec *recorder) longestStop(names []string, from, to time.Duration) (time.Duration, string) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var longest time.Duration
+	var which string
+	for _, name := range names {
+		runs := slices.Clone(rec.runs[name])
+		sort.Slice(runs, func(i, j int) bool { return runs[i].start < runs[j].start })
+		covered := from // the name ran, or the window began, until here
+		note := func(until time.Duration) {
+			if gap := min(until, to) - covered; gap > longest {
+				longest, which = gap, name
+			}
+		}
+		for _, run := range runs {
+			end := run.end
+			if end < 0 {
+				end = to // running still
+			}
+			if end <= covered {
+				continue
+			}
+			if run.start > covered {
+				note(run.start)
+			}
+			covered = max(covered, end)
+			if covered >= to {
+				break
+			}
+		}
+		if covered < to {
+			note(to)
+		}
+	}
+	return longest, which
+}
+
 // node is one replica of a test cluster with its client and proxy.
 type node struct {
 	id    string
@@ -217,6 +257,9 @@ type cluster struct {
 	names  []string
 	rec    *recorder
 	nodes  map[string]*node // live ones, by ID
+	// etcd is the test's etcd cluster (newClusterOn); nil: the tests'
+	// single member, testEtcd.
+	etcd *etcdCluster
 
 	// params gives the ControllerParams a node registers name with;
 	// nil: the recorder's.
@@ -289,9 +332,9 @@ func newCluster(t testing.TB, names int, opts Options) *cluster {
 	return c
 }
 
-func newClient(t testing.TB, addr string) *clientv3.Client {
+func newClient(t testing.TB, addrs ...string) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: addrs, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,14 +366,23 @@ func (c *cluster) register(n *node) {
 // joinEmpty starts a replica named id with no names registered.
 func (c *cluster) joinEmpty(id string) *node {
 	c.t.Helper()
-	return c.joinVia(id, testEtcd)
+	return c.joinVia(id, c.etcdAddrs()...)
+}
+
+// etcdAddrs are the client addresses of the etcd the replicas use: the
+// tests' one member, or every member of the test's etcd cluster.
+func (c *cluster) etcdAddrs() []string {
+	if c.etcd != nil {
+		return c.etcd.clientAddrs()
+	}
+	return []string{testEtcd}
 }
 
 // joinVia starts a replica named id with no names registered, whose
-// proxy forwards to addr: etcd, or another proxy in front of it.
-func (c *cluster) joinVia(id, addr string) *node {
+// proxy forwards to addrs: etcd, or another proxy in front of it.
+func (c *cluster) joinVia(id string, addrs ...string) *node {
 	c.t.Helper()
-	n := c.newNodeVia(id, addr)
+	n := c.newNodeVia(id, addrs...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := n.r.Join(ctx); err != nil {
@@ -343,15 +395,16 @@ func (c *cluster) joinVia(id, addr string) *node {
 // not joined.
 func (c *cluster) newNode(id string) *node {
 	c.t.Helper()
-	return c.newNodeVia(id, testEtcd)
+	return c.newNodeVia(id, c.etcdAddrs()...)
 }
 
-// newNodeVia is newNode with a proxy that forwards to addr: etcd, or
-// another proxy in front of it.
-func (c *cluster) newNodeVia(id, addr string) *node {
+// newNodeVia is newNode with a proxy that forwards to addrs: etcd, or
+// another proxy in front of it. With several, the client gets them all,
+// each through the proxy.
+func (c *cluster) newNodeVia(id string, addrs ...string) *node {
 	c.t.Helper()
-	n := &node{id: id, proxy: newProxy(c.t, addr)}
-	n.cli = newClient(c.t, n.proxy.addr())
+	n := &node{id: id, proxy: newProxy(c.t, addrs...)}
+	n.cli = newClient(c.t, n.proxy.addrs()...)
 	opts := c.opts
 	opts.Prefix, opts.ID = c.prefix, id
 	r, err := New(n.cli, opts)

@@ -1,5 +1,5 @@
-// A TCP proxy between one replica and etcd, whose links can be cut and
-// healed to make a partition.
+// A TCP proxy between one replica and etcd (one member or several), whose
+// links can be cut and healed to make a partition.
 
 package ha
 
@@ -9,13 +9,15 @@ import (
 	"testing"
 )
 
-// proxy forwards loopback connections to target. Cut makes it a black
-// hole: connections stay open, but no byte crosses in either direction
-// until Heal (like a network that drops packets, which TCP delivers once
-// it heals). Connections opened during a cut wait as well.
+// proxy forwards loopback connections to its targets, one listener per
+// target: a replica of a three-member etcd reaches each member through
+// one, and a cut cuts them all. Cut makes it a black hole: connections
+// stay open, but no byte crosses in either direction until Heal (like a
+// network that drops packets, which TCP delivers once it heals).
+// Connections opened during a cut wait as well.
 type proxy struct {
-	ln     net.Listener // immutable
-	target string       // immutable
+	lns     []net.Listener // immutable; lns[i] forwards to targets[i]
+	targets []string       // immutable
 
 	mu    sync.Mutex
 	gate  chan struct{}     // guarded by mu; closed while the link is up
@@ -23,21 +25,37 @@ type proxy struct {
 	wg    sync.WaitGroup    // the accept loop and two pipes per connection; joined by close
 }
 
-func newProxy(t testing.TB, target string) *proxy {
+func newProxy(t testing.TB, targets ...string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, gate: make(chan struct{}), conns: map[net.Conn]bool{}}
+	p := &proxy{targets: targets, gate: make(chan struct{}), conns: map[net.Conn]bool{}}
 	close(p.gate)
-	p.wg.Add(1)
-	go p.accept() // joined by close
+	for range targets {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			p.close()
+			t.Fatal(err)
+		}
+		p.lns = append(p.lns, ln)
+	}
+	for i := range p.lns {
+		p.wg.Add(1)
+		go p.accept(i) // joined by close
+	}
 	t.Cleanup(p.close)
 	return p
 }
 
-func (p *proxy) addr() string { return p.ln.Addr().String() }
+// addr is the address that forwards to the first target.
+func (p *proxy) addr() string { return p.lns[0].Addr().String() }
+
+// addrs are the addresses that forward to each target, in order.
+func (p *proxy) addrs() []string {
+	a := make([]string, len(p.lns))
+	for i, ln := range p.lns {
+		a[i] = ln.Addr().String()
+	}
+	return a
+}
 
 func (p *proxy) cut() {
 	p.mu.Lock()
@@ -67,7 +85,9 @@ func (p *proxy) open() <-chan struct{} {
 
 // close stops accepting, closes every connection and joins the pipes.
 func (p *proxy) close() {
-	p.ln.Close()
+	for _, ln := range p.lns {
+		ln.Close()
+	}
 	p.mu.Lock()
 	for c := range p.conns {
 		c.Close()
@@ -81,14 +101,14 @@ func (p *proxy) close() {
 	p.wg.Wait()
 }
 
-func (p *proxy) accept() {
+func (p *proxy) accept(i int) {
 	defer p.wg.Done()
 	for {
-		down, err := p.ln.Accept()
+		down, err := p.lns[i].Accept()
 		if err != nil {
 			return
 		}
-		up, err := net.Dial("tcp", p.target)
+		up, err := net.Dial("tcp", p.targets[i])
 		if err != nil {
 			down.Close()
 			continue

@@ -119,7 +119,7 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 // relist reads every member and claim key, replaces the view with them,
 // and starts a watch from their revision (startWatch).
 func (r *Replica) relist(ep *epoch) error {
-	ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+	ctx, cancel := r.leaderRequest(ep.ctx)
 	// The loop waits for this answer, and must see the fence pass.
 	stop := context.AfterFunc(ep.fence.ctx, cancel)
 	resp, err := r.cli.Get(ctx, r.keys.all, clientv3.WithPrefix())
@@ -458,7 +458,7 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 		case <-ep.ctx.Done():
 			return
 		}
-		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+		ctx, cancel := r.leaderRequest(ep.ctx)
 		_, err := r.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
 		cancel()
 		<-ep.sem
@@ -496,7 +496,7 @@ func (r *Replica) rewriteMember(ep *epoch) {
 	defer ep.wg.Done()
 	key := r.keys.members + r.opts.ID
 	for {
-		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+		ctx, cancel := r.leaderRequest(ep.ctx)
 		created, kv, _, err := r.createIfAbsent(ctx, key, ep.lease)
 		cancel()
 		if isLeaseNotFound(err) {

@@ -1,5 +1,6 @@
 // A seeded random schedule of crashes, partitions, heals, joins, leaves,
-// lags and deleted member keys, and the scale measurement.
+// lags and deleted member keys (and, on a three-member etcd, faults of
+// its members), and the scale measurement.
 
 package ha
 
@@ -19,6 +20,7 @@ import (
 var (
 	scheduleFor  = flag.Duration("ha.schedule", 8*time.Second, "how long TestRandomSchedule runs its schedule (CI: 60s)")
 	scheduleSeed = flag.Uint64("ha.seed", 0, "the seed of TestRandomSchedule; 0: from the clock. The log names it.")
+	onCluster    = flag.Bool("ha.cluster", false, "TestRandomSchedule runs on a three-member etcd cluster of its own, and adds faults of its members (killed and restarted, frozen, cut off from their peers) to its operations")
 )
 
 // The schedule picks each operation and pause from the seed, so a seed
@@ -29,9 +31,15 @@ func TestRandomSchedule(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (replay: go test -race -run TestRandomSchedule -ha.seed=%d -ha.schedule=%v)", seed, seed, *scheduleFor)
+	t.Logf("seed %d (replay: go test -race -run TestRandomSchedule -ha.seed=%d -ha.schedule=%v -ha.cluster=%v)", seed, seed, *scheduleFor, *onCluster)
 	rng := rand.New(rand.NewPCG(seed, 0x4841))
-	c := newCluster(t, 60, testOptions())
+	kinds := 7
+	var ec *etcdCluster
+	if *onCluster {
+		ec = startEtcdCluster(t)
+		kinds++ // a fault of a member; a single member's seeds replay as before
+	}
+	c := newClusterOn(t, 60, testOptions(), ec)
 	c.params = c.hostileParams
 	for _, id := range []string{"r0", "r1", "r2"} {
 		c.join(id)
@@ -55,7 +63,7 @@ func TestRandomSchedule(t *testing.T) {
 	// The pauses alone add up to the schedule's duration, so the number of
 	// steps depends on the seed only; the operations take more time on top.
 	for paused := time.Duration(0); paused < *scheduleFor; {
-		op := rng.IntN(7)
+		op := rng.IntN(kinds)
 		if len(c.nodes) < 2 {
 			op = 3 // keep two replicas or more, so the end has names to spread
 		}
@@ -105,21 +113,44 @@ func TestRandomSchedule(t *testing.T) {
 			if others := live(reachable); len(others) >= 2 {
 				c.leave(others[rng.IntN(len(others))])
 			}
-			if err := writeNoise(c.prefix, "lag", 200+rng.IntN(400)); err != nil {
+			if err := writeNoise(c.etcdAddrs(), c.prefix, "lag", 200+rng.IntN(400)); err != nil {
 				t.Fatal(err)
 			}
 			if len(c.nodes) < 4 {
 				c.join(fmt.Sprintf("j%d", next))
 				next++
 			}
-			if err := writeNoise(c.prefix, "lag", 1100+rng.IntN(400)); err != nil {
+			if err := writeNoise(c.etcdAddrs(), c.prefix, "lag", 1100+rng.IntN(400)); err != nil {
 				t.Fatal(err)
 			}
-			wait := writeNoiseBehind(t, c.prefix, "lag", 1000)
+			wait := writeNoiseBehind(t, c.etcdAddrs(), c.prefix, "lag", 1000)
 			n.proxy.heal()
 			delete(partitioned, n.id)
 			wait()
 			ops["lag"]++
+		case op == 7:
+			// One member at a time, each fault ended and the cluster healthy
+			// again before the next operation: quorum holds throughout.
+			m := ec.members[rng.IntN(len(ec.members))]
+			long := time.Duration(200+rng.IntN(2800)) * time.Millisecond
+			switch rng.IntN(3) {
+			case 0:
+				ec.kill(m)
+				time.Sleep(long)
+				ec.restart(m)
+				ops["member killed"]++
+			case 1:
+				ec.freeze(m)
+				time.Sleep(long)
+				ec.thaw(m)
+				ops["member frozen"]++
+			default:
+				ec.isolate(m)
+				time.Sleep(long)
+				ec.rejoin(m)
+				ops["member cut off"]++
+			}
+			ec.restore()
 		default:
 			ops["pause"]++
 		}

@@ -17,13 +17,13 @@ import (
 	"go.uber.org/zap"
 )
 
-// writeNoise writes n revisions of keys under prefix that are neither
+// writeNoise writes, through the etcd at addrs, n revisions of keys under prefix that are neither
 // members nor claims (named after batch), from writers parallel enough to
 // make a watch on a held connection fall behind by all of them. Each
 // value is 512 bytes, so a hundred or so fill the flow-control window of
 // a held watch stream.
-func writeNoise(prefix, batch string, n int) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{testEtcd}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+func writeNoise(addrs []string, prefix, batch string, n int) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: addrs, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return err
 	}
@@ -54,9 +54,9 @@ func writeNoise(prefix, batch string, n int) error {
 
 // writeNoiseBehind starts writeNoise on a goroutine, and returns a
 // function that waits for it and fails the test if it failed.
-func writeNoiseBehind(t testing.TB, prefix, batch string, n int) (wait func()) {
+func writeNoiseBehind(t testing.TB, addrs []string, prefix, batch string, n int) (wait func()) {
 	done := make(chan error, 1)
-	go func() { done <- writeNoise(prefix, batch, n) }() // joined by wait
+	go func() { done <- writeNoise(addrs, prefix, batch, n) }() // joined by wait
 	return func() {
 		t.Helper()
 		if err := <-done; err != nil {
@@ -102,16 +102,16 @@ func TestLaggingWatchRestartsNothing(t *testing.T) {
 	cutAt := time.Now()
 	r0.proxy.cut()
 	c.leave(c.nodes["r1"]) // r0 learns it first once healed
-	if err := writeNoise(c.prefix, "a", 1500); err != nil {
+	if err := writeNoise(c.etcdAddrs(), c.prefix, "a", 1500); err != nil {
 		t.Fatal(err)
 	}
 	c.join("r2") // younger than r0: it takes nothing, but r0 looks at every name when it sees it
-	if err := writeNoise(c.prefix, "b", 3000); err != nil {
+	if err := writeNoise(c.etcdAddrs(), c.prefix, "b", 3000); err != nil {
 		t.Fatal(err)
 	}
 	// Writes go on while r0 catches up, so the batches' revision keeps
 	// running ahead of their events, past the claims r0 creates.
-	more := writeNoiseBehind(t, c.prefix, "c", 4000)
+	more := writeNoiseBehind(t, c.etcdAddrs(), c.prefix, "c", 4000)
 	healAt := c.rec.now()
 	r0.proxy.heal()
 	t.Logf("r0 cut for %v while r1 left, r2 joined and 4,500 revisions were written (fences passed in this binary: %d)", time.Since(cutAt), fencesPassed.n.Load())
