@@ -263,7 +263,10 @@
 //
 // A replica logs where its inner [controller.Manager] logs, logrus or
 // log/slog as Options.Logger and ManagerOptions choose, with the field
-// replica=<ID> on its lines and its controllers'. [Replica.Health] says
+// replica=<ID> on its lines and its controllers'. The etcd client logs
+// apart, with zap; [EtcdClientLogger] sends its lines to a slog handler,
+// and writes a request its caller cancelled (as Leave cancels some) at
+// Debug. [Replica.Health] says
 // whether it is a working member (a lease, an open fence, its member key
 // in its view, a watch that progresses), for a readiness probe
 // ([HealthHandler]). [Metrics] counts fence passes and claims acquired

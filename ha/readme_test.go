@@ -10,9 +10,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,7 +57,9 @@ func readmeReplicaPrograms(t *testing.T, readme string) map[int]string {
 // Each program is built in a module of its own that requires the core and
 // ha of this checkout, run with ETCD_ENDPOINT naming the tests' etcd until
 // it prints its first line (a DoFunc ran, or the name runs here), then
-// interrupted: it must leave and exit with status 0.
+// interrupted: it must leave and exit with status 0. A program that serves
+// /metrics does so at LISTEN_ADDR, and must serve there the replica
+// metrics beside the core's, from one registry, once its name runs.
 func TestReadmeReplicaProgramsRun(t *testing.T) {
 	needEtcd(t)
 	root, err := filepath.Abs("..")
@@ -99,20 +104,76 @@ func TestReadmeReplicaProgramsRun(t *testing.T) {
 	}
 	gocmd("mod", "tidy")
 	gocmd("vet", "./...")
-	for line := range progs {
+	servesMetrics := 0
+	for line, src := range progs {
 		bin := filepath.Join(dir, "bin", fmt.Sprint(line))
 		gocmd("build", "-o", bin, fmt.Sprintf("./readme_line_%d", line))
-		runUntilItPrints(t, line, bin)
+		var env []string
+		var whilePrinted func() error
+		if strings.Contains(src, `"GET /metrics"`) {
+			servesMetrics++
+			addr := freeAddr(t)
+			env = []string{"LISTEN_ADDR=" + addr}
+			whilePrinted = func() error { return replicaMetricsServed(addr) }
+		}
+		runUntilItPrints(t, line, bin, env, whilePrinted)
+	}
+	if servesMetrics == 0 {
+		t.Error("no README.md replica program outside Running several replicas serves /metrics: the replica metrics are shown registered nowhere")
 	}
 }
 
-// runUntilItPrints runs bin against the tests' etcd until it prints a
-// line, then interrupts it, and fails the test unless it exits with
+// freeAddr returns a local address no one listens on, for a program to
+// listen on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// replicaMetricsServed tells why addr's /metrics does not serve the
+// core's metrics and the replica's, one controller running under its
+// claim, or returns nil.
+func replicaMetricsServed(addr string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, want := range []string{`controllers_active 1`, `controllers_replica_claims_held 1`, `controllers_replica_claims_acquired_total 1`} {
+		if !regexp.MustCompile(`(?m)^(\w+_)?` + regexp.QuoteMeta(want) + `$`).Match(body) {
+			missing = append(missing, want)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("/metrics (status %s) has no line %q:\n%s", resp.Status, missing, body)
+	}
+	return nil
+}
+
+// runUntilItPrints runs bin against the tests' etcd, with env added, until
+// it prints a line, then calls whilePrinted (when not nil; an error fails
+// the test), interrupts it, and fails the test unless it exits with
 // status 0 within 30 s.
-func runUntilItPrints(t *testing.T, line int, bin string) {
+func runUntilItPrints(t *testing.T, line int, bin string, env []string, whilePrinted func() error) {
 	t.Helper()
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "ETCD_ENDPOINT="+testEtcd)
+	cmd.Env = append(append(os.Environ(), "ETCD_ENDPOINT="+testEtcd), env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
@@ -134,6 +195,11 @@ func runUntilItPrints(t *testing.T, line int, bin string) {
 	select {
 	case out := <-printed:
 		t.Logf("README.md:%d printed %q", line, out)
+		if whilePrinted != nil {
+			if err := whilePrinted(); err != nil {
+				t.Errorf("README.md:%d: %v", line, err)
+			}
+		}
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()

@@ -21,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -40,7 +41,7 @@ func main() {
 	names := flag.Int("names", 12, "how many controllers the replicas share")
 	ttl := flag.Duration("ttl", 2*time.Second, "lease TTL, whole seconds")
 	duration := flag.Duration("duration", 8*time.Second, "how long to run; the crash comes half-way")
-	verbose := flag.Bool("v", false, "show the replicas' Info logs (claims taken and released)")
+	verbose := flag.Bool("v", false, "show the replicas' Info logs (claims taken and released), and the etcd client's through log/slog")
 	serveEtcd := flag.Bool("serve-etcd", false, "run no replicas: start the embedded etcd, print its address and serve until SIGINT or SIGTERM")
 	listen := flag.String("listen", "", "serve HTTP on this host:port (port 0: any) while the replicas run: /placement, /metrics, /controllers, /replicas/<id>/readyz")
 	flag.Parse()
@@ -65,8 +66,14 @@ func main() {
 
 	logger := logrus.New()
 	logger.SetLevel(logrus.WarnLevel)
+	// The etcd client logs with zap, apart from the replicas: quiet here,
+	// or with -v through log/slog, as a service on slog would pass its
+	// own logger. A request Leave or the crash cancels is a Debug line
+	// there, below slog's default level: see ha.EtcdClientLogger.
+	clientLog := zap.NewNop()
 	if *verbose {
 		logger.SetLevel(logrus.InfoLevel)
+		clientLog = ha.EtcdClientLogger(slog.Default())
 	}
 	board := newBoard()
 	prefix := fmt.Sprintf("/examples/replicas/%d", time.Now().UnixNano())
@@ -83,7 +90,7 @@ func main() {
 	}
 	members := map[string]member{}
 	for _, id := range []string{"r0", "r1", "r2"} {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, DialTimeout: 5 * time.Second, Logger: clientLog})
 		if err != nil {
 			log.Fatal(err)
 		}
