@@ -92,8 +92,12 @@ var clusterScenarios = []clusterScenario{
 			c.t.Fatal(err)
 		}
 		defer admin.Close()
-		c.t.(*testing.T).Helper()
-		revokeLeases(c.t.(*testing.T), admin, c.nodes["r0"])
+		t := c.t.(*testing.T)
+		revoked := c.rec.now()
+		revokeLeases(t, admin, c.nodes["r0"])
+		// r0's names stop, and start again once r0 joined anew: the
+		// scenario lasts until they have.
+		c.waitRestarted(onlyOn(c.expected([]string{"r0", "r1", "r2"}), "r0"), revoked, 3*c.opts.TTL+10*time.Second)
 	}},
 	{name: "quorum lost", backWithin: 2500 * time.Millisecond, long: func(time.Duration) time.Duration { return 5 * time.Second }, do: func(_ *cluster, ec *etcdCluster, long time.Duration) {
 		down := ec.loseQuorum()
