@@ -1,0 +1,140 @@
+// Review tests: attempts to break "never two at once" and "never stuck"
+// in the code of earlyend.go, fence.go, renew.go, restart.go.
+
+package ha
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// leaseOf returns n's current lease and fence deadline (zero: none).
+func leaseOf(n *node) (clientv3.LeaseID, time.Time) {
+	n.r.mu.Lock()
+	l, f := n.r.lease, n.r.fence
+	n.r.mu.Unlock()
+	if l == 0 || f == nil {
+		return 0, time.Time{}
+	}
+	return l, f.passedAt()
+}
+
+// readExpiry returns what n's lease poller holds as the earliest moment
+// lease l could run out (earlyLocked), and whether it has read it.
+func readExpiry(n *node, l clientv3.LeaseID) (time.Time, bool) {
+	n.r.mu.Lock()
+	defer n.r.mu.Unlock()
+	at, ok := n.r.leaseExpiry[l]
+	return at, ok
+}
+
+// A holder cut off from etcd, whose lease another client (or a stale
+// leader) revokes late in its TTL, but before its DoFuncs returned, must
+// not have its names started elsewhere before they returned: rule 5 says
+// the others wait for a lease that ended early.
+//
+// The others tell an early end from a lease that ran out by the earliest
+// moment the lease could run out, (send time) + the whole seconds
+// TimeToLive answered. etcd truncates, so that bound is up to a second
+// (plus the poll period) earlier than the lease's true expiry: a revoke
+// after the bound and before the true expiry reads as "ran out", and the
+// names are claimed at once, while the cut-off holder's fence has not
+// passed yet, or its DoFuncs use their Margin. With TTL 2s, Margin 0.5s,
+// the holder's DoFuncs return by (last renewal) + 1.9s, and the bound
+// lands between (last renewal) + 1.6s and + 2s: about half the cuts leave
+// a window. The test waits for one and revokes in it (an attempt with no
+// window is skipped: the holder's lease runs out, and it comes back).
+func TestReviewRevokeLateInACutOffHoldersTTLReadsAsRanOut(t *testing.T) {
+	c, placed := slowCluster(t)
+	admin := newClient(t, testEtcd)
+	defer admin.Close()
+	lingers := c.opts.Margin * 9 / 10 // slowParams
+	watchers := []*node{c.nodes["r1"], c.nodes["r2"]}
+	tried := 0
+	for attempt := 0; attempt < 16 && tried < 6; attempt++ {
+		victim := c.nodes["r0"]
+		lease, _ := leaseOf(victim)
+		deadline := time.Now().Add(10 * time.Second)
+		for !func() bool {
+			for _, w := range watchers {
+				if _, ok := readExpiry(w, lease); !ok {
+					return false
+				}
+			}
+			return true
+		}() {
+			if time.Now().After(deadline) {
+				for _, w := range watchers {
+					w.r.mu.Lock()
+					t.Logf("%s: members %v, expiry %v, last %v", w.id, w.r.memberLeases, w.r.leaseExpiry, w.r.leaseLast)
+					w.r.mu.Unlock()
+				}
+				t.Fatalf("r1 and r2 have not read r0's lease %x", lease)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		victim.proxy.cut()
+		revoked := false
+		var fenceAt time.Time
+		for {
+			if l, f := leaseOf(victim); l == lease {
+				fenceAt = f // its last value stays once the fence passed
+			}
+			// Each watcher judges alone, by its own readings: the one
+			// whose bound is earlier claims its share of r0's names.
+			var bound time.Time
+			for _, w := range watchers {
+				at, _ := readExpiry(w, lease)
+				if bound.IsZero() || at.Before(bound) {
+					bound = at
+				}
+			}
+			now := time.Now()
+			if fenceAt.IsZero() || now.After(fenceAt.Add(lingers-100*time.Millisecond)) {
+				t.Logf("no window: others' bound %v after r0's fence", bound.Sub(fenceAt).Round(time.Millisecond))
+				break // no window this time
+			}
+			if now.After(bound.Add(20 * time.Millisecond)) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := admin.Revoke(ctx, lease)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				revoked = true
+				t.Logf("attempt %d: r0 cut; its lease revoked %v after the others' bound, %v after its fence (its DoFuncs go on %v past it; its lease would run out %v past it)",
+					attempt, now.Sub(bound).Round(time.Millisecond), now.Sub(fenceAt).Round(time.Millisecond), lingers, c.opts.Margin+cancelLead)
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if revoked {
+			tried++
+			time.Sleep(c.opts.TTL + time.Second) // r0's DoFuncs have returned, the names moved
+			c.rec.assertNoOverlap(t)
+			if t.Failed() {
+				victim.proxy.heal()
+				t.Fatalf("attempt %d: a name of r0 started elsewhere before r0's DoFunc returned", attempt)
+			}
+		} else {
+			t.Logf("attempt %d: no window (the others' bound came late enough)", attempt)
+		}
+		// Heal at a random moment, so that r0's keepalives, which its
+		// new epoch starts, fall at another phase of the others' lease
+		// polls (both tick every (TTL − Margin)/4).
+		time.Sleep(time.Duration(rand.Int64N(int64(c.opts.keepAliveEvery()))))
+		victim.proxy.heal()
+		waitFor(t, "r0 to join again under a new lease", func() bool {
+			l, _ := leaseOf(victim)
+			return l != 0 && l != lease
+		})
+		c.waitPlacement(placed, 3*c.opts.TTL+10*time.Second)
+	}
+	if tried == 0 {
+		t.Skip("no window in any attempt")
+	}
+}
