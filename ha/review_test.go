@@ -138,3 +138,57 @@ func TestReviewRevokeLateInACutOffHoldersTTLReadsAsRanOut(t *testing.T) {
 		t.Skip("no window in any attempt")
 	}
 }
+
+// A replica whose watch is behind judges an early end by the time it
+// sees it, not by the time it happened. r1 is cut off from etcd for
+// 1.1s (less than its fence window, so it stays a member); meanwhile r0,
+// connected and renewing, has its lease revoked by another client, sees
+// it at once, and stops its DoFuncs, which return within their Margin.
+// r1's last reading of r0's lease is more than a second old when its
+// watch delivers the deletions, so the lease looks as if it ran out, and
+// r1 claims its share of r0's names at once, while r0's DoFuncs are still
+// returning. Deterministic: no phase needs to line up.
+func TestReviewObserverBehindReadsAnEarlyEndAsRanOut(t *testing.T) {
+	c, placed := slowCluster(t)
+	admin := newClient(t, testEtcd)
+	defer admin.Close()
+	victim, late := c.nodes["r0"], c.nodes["r1"]
+	for round := range 3 {
+		lease, _ := leaseOf(victim)
+		waitFor(t, "r1 to read r0's lease", func() bool { _, ok := readExpiry(late, lease); return ok })
+		// Cut r1 right after a keepalive extended its fence, so that
+		// its fence (TTL − Margin − 100ms from that keepalive) outlasts
+		// the cut; revoke once r1's bound for r0's lease has passed.
+		_, f0 := leaseOf(late)
+		waitFor(t, "r1's fence to move", func() bool { _, f := leaseOf(late); return f.After(f0) })
+		late.proxy.cut()
+		var bound, now time.Time
+		waitFor(t, "r1's bound for r0's lease to pass", func() bool {
+			bound, _ = readExpiry(late, lease)
+			now = time.Now()
+			return now.After(bound.Add(20 * time.Millisecond))
+		})
+		if _, f := leaseOf(late); f.Before(now.Add(100 * time.Millisecond)) {
+			t.Fatalf("r1's fence passes %v after the revoke: too soon for this test", f.Sub(now))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := admin.Revoke(ctx, lease)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Millisecond)
+		late.proxy.heal()
+		t.Logf("round %d: r0's lease revoked while r1 was cut off (r1's bound for it %v before the revoke); r1 healed 30ms later", round, now.Sub(bound).Round(time.Millisecond))
+		time.Sleep(c.opts.TTL + time.Second)
+		c.rec.assertNoOverlap(t)
+		if t.Failed() {
+			t.Fatalf("round %d: a name of r0 started on r1 before r0's DoFunc returned", round)
+		}
+		waitFor(t, "r0 to join again under a new lease", func() bool {
+			l, _ := leaseOf(victim)
+			return l != 0 && l != lease
+		})
+		c.waitPlacement(placed, 3*c.opts.TTL+10*time.Second)
+	}
+}
