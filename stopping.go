@@ -129,7 +129,11 @@ func (m *Manager) indexStoppingLocked(c *Controller) {
 	if m.stoppingByName == nil {
 		m.stoppingByName = make(map[string]*Controller)
 	}
-	if prev, ok := m.stoppingByName[c.name]; ok && !prev.done() {
+	// The last one still stopping, through the chain: the one indexed may
+	// have terminated while one it shadowed still stops (A removed and
+	// stopping, then B removed and terminated, then C removed: C shadows
+	// A, not B).
+	if prev := m.lastStoppingLocked(c.name); prev != nil {
 		if m.shadowed == nil {
 			m.shadowed = make(map[*Controller]*Controller)
 		}
@@ -140,9 +144,9 @@ func (m *Manager) indexStoppingLocked(c *Controller) {
 
 // lastStoppingLocked returns the controller last removed under name that
 // has not terminated, nil when there is none: the index's, or the first
-// of those it shadowed that is still stopping. A controller terminated
-// when the next was removed is never shadowed: every earlier one had
-// terminated too, or was shadowed itself.
+// of those it shadowed that is still stopping. Each controller shadows
+// the last one still stopping when it was removed, so the chain holds
+// every one that may still stop.
 func (m *Manager) lastStoppingLocked(name string) *Controller {
 	c := m.stoppingByName[name]
 	for c != nil && c.done() {

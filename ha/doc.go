@@ -95,25 +95,27 @@
 //     controller of the old one terminated) or TTL has passed since they
 //     saw the end (by then the holder's last renewal, made before the end,
 //     has run out, so its fence has passed and its code returned, whatever
-//     it saw). To tell an early end from a lease that simply ran out, each
-//     replica reads every other member's remaining TTL every (TTL −
-//     Margin)/4: a lease whose keys go before the earliest moment it
-//     could run out by the last answer ended early; one that ran out (a
-//     crash, a partition) moves its names at once, as before. A released
-//     claim, a Leave (which marks its member key leaving first) and the
-//     old lease of a replica whose fence passed (revoked only once its
-//     member key moved to the new lease) move them at once too. A replica
-//     that lists the prefix afresh (a new watch, or a new epoch) compares
-//     the listing with its last view and judges what went meanwhile the
-//     same way; a member whose lease went unseen and maybe early holds
-//     back every free name the same way, since the names it claimed
-//     meanwhile are not known.
+//     it saw). Only a lease that simply ran out moves its names sooner:
+//     each replica reads every other member's remaining TTL every (TTL −
+//     Margin)/4, and every quarter of that once a member has not renewed
+//     for half its TTL; the readings since its last renewal bound when its
+//     lease runs out to about a quarter period, and the names of a lease
+//     read recently as not renewed (a crash, a partition) are claimed once
+//     that bound has passed, mostly as soon as etcd deletes the keys. A
+//     released claim, a Leave (which marks its member key leaving first)
+//     and the old lease of a replica whose fence passed (revoked only once
+//     its member key moved to the new lease) move them at once too. A
+//     replica that lists the prefix afresh (a new watch, or a new epoch)
+//     compares the listing with its last view and judges what went
+//     meanwhile the same way; a member whose lease went unseen holds back
+//     every free name the same way, since the names it claimed meanwhile
+//     are not known.
 //
-// Rule 5's test of a lease that ran out rests on the last answer read:
-// a holder whose keepalives were more than a second late, and whose lease
-// the server ended early right after a late one arrived, can look like
-// one whose lease ran out. Keys under the prefix are the package's:
-// deleting a claim or member key by hand is not supported.
+// Rule 5 cannot see one case: a holder whose keepalives came more than
+// half a TTL late, so that the others read it as not renewing, and whose
+// lease etcd ended early right after a late one arrived. Keys under the
+// prefix are the package's: deleting a claim or member key by hand is not
+// supported.
 //
 // Margin must also cover how far the replica's clock may run slower than
 // the server's over one TTL; the replica measures with its monotonic

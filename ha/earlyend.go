@@ -65,11 +65,10 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 // (its member key still under c's lease: a release), when the holder has
 // moved on from that lease (a member key under another lease: it joined
 // again after every controller of c's lease terminated), when the holder
-// marked itself leaving, when the holder is this replica (its controllers
-// of an ended epoch have all terminated), and when the lease simply ran
-// out (earlyLocked). Otherwise the lease ended early and the holder may
-// still run the name: quarantined until TTL from now, by when its fence
-// has passed and its code returned, whatever it saw (rule 5).
+// marked itself leaving, and when the holder is this replica (its
+// controllers of an ended epoch have all terminated). Otherwise the lease
+// ended, and the name waits until holdUntilLocked says the holder's code
+// has returned (rule 5).
 func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time) {
 	if c.holder == r.opts.ID {
 		return
@@ -80,13 +79,14 @@ func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time) {
 	if g, ok := r.gone[c.holder]; ok && (g.lease != c.lease || g.leaving) {
 		return
 	}
-	if !r.earlyLocked(c.lease, now) {
+	until, early := r.holdUntilLocked(c.lease, now)
+	if !until.After(now) {
 		return
 	}
-	if _, ok := r.quarantine[name]; !ok && !r.quarantinedLease(c.lease) {
-		r.log.Warn(fmt.Sprintf("member %q's lease ended on the server before its TTL ran out (a revoke, or a stale etcd leader): its names wait until it joins again, or %v", c.holder, r.opts.TTL), "lease", leaseHex(c.lease))
+	if _, ok := r.quarantine[name]; early && !ok && !r.quarantinedLease(c.lease) {
+		r.log.Warn(fmt.Sprintf("member %q's lease ended on the server while it was being renewed (a revoke, or a stale etcd leader): its names wait until it joins again, or %v", c.holder, r.opts.TTL), "lease", leaseHex(c.lease))
 	}
-	r.quarantine[name] = quarantined{holder: c.holder, lease: c.lease, until: now.Add(r.opts.TTL)}
+	r.quarantine[name] = quarantined{holder: c.holder, lease: c.lease, until: until}
 	r.dirty[name] = struct{}{}
 }
 
@@ -101,16 +101,32 @@ func (r *Replica) quarantinedLease(l clientv3.LeaseID) bool {
 	return false
 }
 
-// earlyLocked reports whether lease l, whose keys the view saw go at now,
-// may have ended before its TTL ran out. The lease poller (pollLeases)
-// records, for every member's lease, the earliest moment it could run
-// out: the send time of a TimeToLive request plus the whole seconds it
-// answered. A lease that ran out (its holder crashed, or stopped
-// renewing) goes at that moment or later; one that goes earlier ended
-// early. Unknown (never polled): early.
-func (r *Replica) earlyLocked(l clientv3.LeaseID, now time.Time) bool {
-	at, ok := r.leaseExpiry[l]
-	return !ok || now.Before(at)
+// holdUntilLocked returns until when the names of lease l, whose keys the
+// view saw go at now, must wait: by then the holder's fence has passed
+// and its code returned, whatever it saw. early reports a lease that
+// ended while it was being renewed.
+//
+// The lease poller (pollLeases) reads every member's remaining TTL. A
+// lease its last reading showed not renewed for half its TTL or more
+// (leaseAnswer.stale), read recently (within two poll periods of now),
+// runs out by itself within the bounds the readings since its last
+// renewal give (leaseAnswer.hi); its holder's fence passed, and its code
+// returned, by then. Read every quarter period while stale, those bounds
+// are a quarter period wide, and a crashed replica's names move as soon
+// as etcd deletes its keys. Any other lease (renewed at the last reading,
+// read too long ago, never read) may have ended early: its holder renewed
+// it last before the end, so its code has returned TTL after the end at
+// the latest, and the names wait TTL from now, unless the holder joins
+// again first (liftLocked). A holder whose keepalives came more than half
+// a TTL late, read as not renewing, and whose lease etcd ended early
+// right after a late one arrived, is the case this cannot see (doc.go,
+// rule 5).
+func (r *Replica) holdUntilLocked(l clientv3.LeaseID, now time.Time) (until time.Time, early bool) {
+	a, ok := r.leaseLast[l]
+	if ok && a.stale() && now.Sub(a.recv) <= 2*r.opts.keepAliveEvery() {
+		return a.hi, false
+	}
+	return now.Add(r.opts.TTL), true
 }
 
 // blockedLocked reports whether name must not be claimed yet, and until
@@ -176,11 +192,17 @@ func (r *Replica) gateLocked(prevClaims map[string]claimView, prevMembers map[st
 		}
 		leaving := prevLeaving[id] == lease
 		r.gone[id] = goneMember{lease: lease, leaving: leaving}
-		if leaving || !r.earlyLocked(lease, now) {
+		if leaving {
 			continue
 		}
-		r.log.Warn(fmt.Sprintf("member %q left while this replica was not watching, its lease before its TTL ran out: no free name is claimed until it joins again, or %v", id, r.opts.TTL), "lease", leaseHex(lease))
-		r.gates[id] = gate{lease: lease, until: now.Add(r.opts.TTL)}
+		until, early := r.holdUntilLocked(lease, now)
+		if !until.After(now) {
+			continue
+		}
+		if early {
+			r.log.Warn(fmt.Sprintf("member %q left while this replica was not watching, maybe by an early end of its lease: no free name is claimed until it joins again, or %v", id, r.opts.TTL), "lease", leaseHex(lease))
+		}
+		r.gates[id] = gate{lease: lease, until: until}
 	}
 	for name, c := range prevClaims {
 		if _, held := r.claims[name]; !held {
@@ -195,32 +217,32 @@ type gate struct {
 	until time.Time
 }
 
-// pollLeases asks etcd, every keepAliveEvery, how long each other
-// member's lease has left, and records the earliest moment each could run
-// out (earlyLocked). Owned by the loop, started with the epoch; joined by
-// endEpoch through ep.wg.
+// pollLeases reads each other member's remaining TTL every
+// keepAliveEvery, and every quarter of that while the last reading showed
+// it not renewed (leaseAnswer.stale), and records the readings
+// (holdUntilLocked, Status). Owned by the loop, started with the epoch;
+// joined by endEpoch through ep.wg.
 func (r *Replica) pollLeases(ep *epoch) {
 	defer ep.wg.Done()
 	every := r.opts.keepAliveEvery()
-	t := time.NewTicker(every)
+	t := time.NewTicker(every / 4)
 	defer t.Stop()
 	for {
 		r.mu.Lock()
-		leases := make([]clientv3.LeaseID, 0, len(r.memberLeases))
+		var due []clientv3.LeaseID
+		now := time.Now()
 		for id, l := range r.memberLeases {
-			if id != r.opts.ID {
-				leases = append(leases, l)
+			if a, ok := r.leaseLast[l]; id != r.opts.ID && (!ok || a.stale() || now.Sub(a.sent) >= every-every/8) {
+				due = append(due, l)
 			}
 		}
-		now := time.Now()
-		for l, at := range r.leaseExpiry {
-			if now.Sub(at) > r.opts.TTL {
-				delete(r.leaseExpiry, l) // long gone
-				delete(r.leaseLast, l)
+		for l, a := range r.leaseLast {
+			if now.Sub(a.hi) > r.opts.TTL {
+				delete(r.leaseLast, l) // long gone
 			}
 		}
 		r.mu.Unlock()
-		for _, l := range leases {
+		for _, l := range due {
 			sent := time.Now()
 			ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ep.ctx), r.opts.RequestTimeout)
 			resp, err := r.cli.TimeToLive(ctx, l)
@@ -228,13 +250,9 @@ func (r *Replica) pollLeases(ep *epoch) {
 			if err != nil || resp.TTL < 0 {
 				continue
 			}
-			at := sent.Add(time.Duration(resp.TTL) * time.Second)
-			a := leaseAnswer{sent: sent, ttl: time.Duration(resp.TTL) * time.Second, granted: time.Duration(resp.GrantedTTL) * time.Second}
 			r.mu.Lock()
-			if at.After(r.leaseExpiry[l]) {
-				r.leaseExpiry[l] = at
-			}
 			prev, seen := r.leaseLast[l]
+			a := prev.next(sent, time.Now(), time.Duration(resp.TTL)*time.Second, time.Duration(resp.GrantedTTL)*time.Second)
 			r.leaseLast[l] = a
 			if a.stale() && (!seen || !prev.stale()) {
 				r.log.Info(fmt.Sprintf("member %q has not renewed its lease for %v: it stopped, or cannot reach etcd; its names move when the lease runs out, in %v unless it renews", r.holderOfLocked(l), a.since(sent).Round(time.Second), a.ttl), "lease", leaseHex(l))
@@ -249,11 +267,47 @@ func (r *Replica) pollLeases(ep *epoch) {
 	}
 }
 
-// leaseAnswer is one TimeToLive answer for a member's lease.
+// leaseAnswer is the last TimeToLive reading of a member's lease, and
+// what the readings since its last renewal tell of when it runs out.
+//
+// etcd answers the time left in whole seconds, truncated: a reading sent
+// at s and received at v that says n means the lease runs out in [s + n,
+// v + n + 1s), if nobody renews it. Readings that agree (their ranges
+// meet) narrow the range to their intersection; one that does not was
+// made after a renewal, and starts a new range. A sample, at TTL 2s, of a
+// lease last renewed at 10.00s and never again, read every 94ms once
+// stale: at 11.04s it says 0 ([11.04, 12.05)), at 10.95s it had said 1
+// ([11.95, 12.96)); the intersection is [11.95s, 12.05s), around the true
+// 12.00s.
 type leaseAnswer struct {
-	sent    time.Time     // when the request was sent
-	ttl     time.Duration // the time left, in whole seconds (etcd truncates)
-	granted time.Duration // the lease's TTL
+	sent, recv time.Time     // the reading's request was sent, and answered
+	ttl        time.Duration // the time left it answered, whole seconds
+	granted    time.Duration // the lease's TTL
+	lo, hi     time.Time     // the lease runs out in [lo, hi), unless renewed after the readings
+}
+
+// next returns the reading sent at sent, answered at recv with ttl left
+// of granted, after a.
+func (a leaseAnswer) next(sent, recv time.Time, ttl, granted time.Duration) leaseAnswer {
+	b := leaseAnswer{sent: sent, recv: recv, ttl: ttl, granted: granted, lo: sent.Add(ttl), hi: recv.Add(ttl + time.Second)}
+	if lo, hi := later(a.lo, b.lo), earlier(a.hi, b.hi); !a.sent.IsZero() && lo.Before(hi) {
+		b.lo, b.hi = lo, hi // the same expiry: no renewal between the readings
+	}
+	return b
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // since returns how long before now the member last renewed its lease, as

@@ -8,6 +8,7 @@ package ha
 import (
 	"context"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -242,4 +243,174 @@ func TestAMemberThatStopsRenewingIsShown(t *testing.T) {
 		t.Errorf("%d Info lines about r0 not renewing, want 1", n)
 	}
 	victim.proxy.heal()
+}
+
+// leaseOf returns n's current lease and fence deadline (zero: none).
+func leaseOf(n *node) (clientv3.LeaseID, time.Time) {
+	n.r.mu.Lock()
+	l, f := n.r.lease, n.r.fence
+	n.r.mu.Unlock()
+	if l == 0 || f == nil {
+		return 0, time.Time{}
+	}
+	return l, f.passedAt()
+}
+
+// readExpiry returns what n's lease poller holds as the earliest moment
+// lease l could run out (earlyLocked), and whether it has read it.
+func readExpiry(n *node, l clientv3.LeaseID) (time.Time, bool) {
+	n.r.mu.Lock()
+	defer n.r.mu.Unlock()
+	a, ok := n.r.leaseLast[l]
+	return a.lo, ok
+}
+
+// A holder cut off from etcd, whose lease another client (or a stale
+// leader) revokes late in its TTL, but before its DoFuncs returned, must
+// not have its names started elsewhere before they returned: rule 5 says
+// the others wait for a lease that ended early.
+//
+// The others tell an early end from a lease that ran out by the earliest
+// moment the lease could run out, (send time) + the whole seconds
+// TimeToLive answered. etcd truncates, so that bound is up to a second
+// (plus the poll period) earlier than the lease's true expiry: a revoke
+// after the bound and before the true expiry reads as "ran out", and the
+// names are claimed at once, while the cut-off holder's fence has not
+// passed yet, or its DoFuncs use their Margin. With TTL 2s, Margin 0.5s,
+// the holder's DoFuncs return by (last renewal) + 1.9s, and the bound
+// lands between (last renewal) + 1.6s and + 2s: about half the cuts leave
+// a window. The test waits for one and revokes in it (an attempt with no
+// window is skipped: the holder's lease runs out, and it comes back).
+func TestRevokeLateInACutOffHoldersTTLWaitsForItsCode(t *testing.T) {
+	c, placed := slowCluster(t)
+	admin := newClient(t, testEtcd)
+	defer admin.Close()
+	lingers := c.opts.Margin * 9 / 10 // slowParams
+	watchers := []*node{c.nodes["r1"], c.nodes["r2"]}
+	tried := 0
+	for attempt := 0; attempt < 16 && tried < 6; attempt++ {
+		victim := c.nodes["r0"]
+		lease, _ := leaseOf(victim)
+		deadline := time.Now().Add(10 * time.Second)
+		for !func() bool {
+			for _, w := range watchers {
+				if _, ok := readExpiry(w, lease); !ok {
+					return false
+				}
+			}
+			return true
+		}() {
+			if time.Now().After(deadline) {
+				for _, w := range watchers {
+					w.r.mu.Lock()
+					t.Logf("%s: members %v, readings %v", w.id, w.r.memberLeases, w.r.leaseLast)
+					w.r.mu.Unlock()
+				}
+				t.Fatalf("r1 and r2 have not read r0's lease %x", lease)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		victim.proxy.cut()
+		// Revoke at a random moment between r0's fence passing and its
+		// DoFuncs returning, late in its TTL, as a stale leader might:
+		// the others must hold r0's names until they returned.
+		var fenceAt time.Time
+		waitFor(t, "r0's fence to pass", func() bool {
+			l, f := leaseOf(victim)
+			if l == lease {
+				fenceAt = f
+			}
+			return !fenceAt.IsZero() && time.Now().After(fenceAt)
+		})
+		at := fenceAt.Add(time.Duration(rand.Int64N(int64(lingers - 30*time.Millisecond))))
+		time.Sleep(time.Until(at))
+		bound, _ := readExpiry(watchers[0], lease)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := admin.Revoke(ctx, lease)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		revoked := true
+		t.Logf("attempt %d: r0 cut; its lease revoked %v after its fence (its DoFuncs go on %v past it), %v after r1's lower bound for its expiry",
+			attempt, time.Since(fenceAt).Round(time.Millisecond), lingers, time.Since(bound).Round(time.Millisecond))
+		if revoked {
+			tried++
+			time.Sleep(c.opts.TTL + time.Second) // r0's DoFuncs have returned, the names moved
+			c.rec.assertNoOverlap(t)
+			if t.Failed() {
+				victim.proxy.heal()
+				t.Fatalf("attempt %d: a name of r0 started elsewhere before r0's DoFunc returned", attempt)
+			}
+		} else {
+			t.Logf("attempt %d: no window (the others' bound came late enough)", attempt)
+		}
+		// Heal at a random moment, so that r0's keepalives, which its
+		// new epoch starts, fall at another phase of the others' lease
+		// polls (both tick every (TTL − Margin)/4).
+		time.Sleep(time.Duration(rand.Int64N(int64(c.opts.keepAliveEvery()))))
+		victim.proxy.heal()
+		waitFor(t, "r0 to join again under a new lease", func() bool {
+			l, _ := leaseOf(victim)
+			return l != 0 && l != lease
+		})
+		c.waitPlacement(placed, 3*c.opts.TTL+10*time.Second)
+	}
+	if tried == 0 {
+		t.Fatal("no window in any attempt: the test showed nothing")
+	}
+}
+
+// A replica whose watch is behind judges an early end by the time it
+// sees it, not by the time it happened. r1 is cut off from etcd for
+// 1.1s (less than its fence window, so it stays a member); meanwhile r0,
+// connected and renewing, has its lease revoked by another client, sees
+// it at once, and stops its DoFuncs, which return within their Margin.
+// r1's last reading of r0's lease is more than a second old when its
+// watch delivers the deletions, so the lease looks as if it ran out, and
+// r1 claims its share of r0's names at once, while r0's DoFuncs are still
+// returning. Deterministic: no phase needs to line up.
+func TestObserverBehindWaitsForAnEarlyEnd(t *testing.T) {
+	c, placed := slowCluster(t)
+	admin := newClient(t, testEtcd)
+	defer admin.Close()
+	victim, late := c.nodes["r0"], c.nodes["r1"]
+	for round := range 3 {
+		lease, _ := leaseOf(victim)
+		waitFor(t, "r1 to read r0's lease", func() bool { _, ok := readExpiry(late, lease); return ok })
+		// Cut r1 right after a keepalive extended its fence, so that
+		// its fence (TTL − Margin − 100ms from that keepalive) outlasts
+		// the cut; revoke once r1's bound for r0's lease has passed.
+		_, f0 := leaseOf(late)
+		waitFor(t, "r1's fence to move", func() bool { _, f := leaseOf(late); return f.After(f0) })
+		late.proxy.cut()
+		var bound, now time.Time
+		waitFor(t, "r1's bound for r0's lease to pass", func() bool {
+			bound, _ = readExpiry(late, lease)
+			now = time.Now()
+			return now.After(bound.Add(20 * time.Millisecond))
+		})
+		if _, f := leaseOf(late); f.Before(now.Add(100 * time.Millisecond)) {
+			t.Fatalf("r1's fence passes %v after the revoke: too soon for this test", f.Sub(now))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := admin.Revoke(ctx, lease)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Millisecond)
+		late.proxy.heal()
+		t.Logf("round %d: r0's lease revoked while r1 was cut off (r1's bound for it %v before the revoke); r1 healed 30ms later", round, now.Sub(bound).Round(time.Millisecond))
+		time.Sleep(c.opts.TTL + time.Second)
+		c.rec.assertNoOverlap(t)
+		if t.Failed() {
+			t.Fatalf("round %d: a name of r0 started on r1 before r0's DoFunc returned", round)
+		}
+		waitFor(t, "r0 to join again under a new lease", func() bool {
+			l, _ := leaseOf(victim)
+			return l != 0 && l != lease
+		})
+		c.waitPlacement(placed, 3*c.opts.TTL+10*time.Second)
+	}
 }

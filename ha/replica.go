@@ -119,19 +119,17 @@ type Replica struct {
 	joined bool // Join was called and has not failed; the loop runs or is about to
 
 	// Early lease ends (earlyend.go). Guarded by mu; written by the loop,
-	// and leaseExpiry by the lease poller; kept from one epoch to the next.
+	// and leaseLast by the lease poller; kept from one epoch to the next.
 	//
 	//	leaving      members whose key shows them leaving, with the lease it is under
 	//	gone         members whose key the view saw go (or found gone at a listing)
-	//	leaseExpiry  for each member's lease, the earliest it could run out
-	//	leaseLast    for each member's lease, the last answer read (Status: since its last renewal)
+	//	leaseLast    for each member's lease, the last reading, and when it runs out if not renewed
 	//	quarantine   names not to claim before a time: their claim ended with a lease that ended early
 	//	gates        members whose lease ended unseen, maybe early: no free name is claimed before a time
 	//	prevClaims, prevMembers, prevLeaving  the view of the epoch that ended at a fence pass, for the next listing
 	leaving     map[string]clientv3.LeaseID
 	gone        map[string]goneMember
-	leaseExpiry map[clientv3.LeaseID]time.Time
-	leaseLast   map[clientv3.LeaseID]leaseAnswer // the last TimeToLive answer for each member's lease
+	leaseLast   map[clientv3.LeaseID]leaseAnswer
 	quarantine  map[string]quarantined
 	gates       map[string]gate
 	prevClaims  map[string]claimView
@@ -277,7 +275,6 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		memberLeases: make(map[string]clientv3.LeaseID),
 		leaving:      make(map[string]clientv3.LeaseID),
 		gone:         make(map[string]goneMember),
-		leaseExpiry:  make(map[clientv3.LeaseID]time.Time),
 		leaseLast:    make(map[clientv3.LeaseID]leaseAnswer),
 		quarantine:   make(map[string]quarantined),
 		gates:        make(map[string]gate),

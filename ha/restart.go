@@ -12,14 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// renewedBy is how far the earliest expiry a lease's TimeToLive answers
-// imply (send time + the whole seconds left) must move before the lease
-// counts as renewed. For a lease nobody renews, those answers all fall
-// within a second (etcd truncates to whole seconds) plus a round trip of
-// its true expiry; one that is renewed every (TTL − Margin)/4 moves by
-// that much each time.
-const renewedBy = time.Second + 250*time.Millisecond
-
 // awaitPreviousIncarnation waits, within ctx, while this replica's member
 // key is held under a lease that nobody renews: a previous incarnation of
 // this replica (same ID) that crashed, whose lease runs out within its
@@ -29,7 +21,8 @@ const renewedBy = time.Second + 250*time.Millisecond
 // incarnation's lease has 7s left at Join; the answers, every 500ms,
 // imply it ends at the same moment give or take a second, and Join goes
 // on about 7s later. A live duplicate renews every 1.875s, and is told
-// apart after at most two renewals, within about 4s.
+// apart once its renewals moved the end by more than a second and a
+// round trip: within about 4s.
 func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	key := r.keys.members + r.opts.ID
 	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
@@ -42,21 +35,27 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 		return nil
 	}
 	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
-	var first time.Time
+	// Each reading, sent at s and answered at v saying n seconds left,
+	// puts the lease's end in [s + n, v + n + 1s) (etcd truncates). A
+	// reading whose earliest end is past the first reading's latest has
+	// seen the end move: someone renewed the lease. Unrenewed, no reading
+	// can, however late a request reached the server.
+	var firstLatest time.Time
 	logged := false
 	for {
 		sent := time.Now()
 		tctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
 		ttl, err := r.cli.TimeToLive(tctx, lease)
 		cancel()
+		recv := time.Now()
 		switch {
 		case isLeaseNotFound(err) || (err == nil && ttl.TTL < 0):
 			return nil // it ran out, and the key with it
 		case err == nil:
-			at := sent.Add(time.Duration(ttl.TTL) * time.Second)
-			if first.IsZero() {
-				first = at
-			} else if at.After(first.Add(renewedBy)) {
+			left := time.Duration(ttl.TTL) * time.Second
+			if firstLatest.IsZero() {
+				firstLatest = recv.Add(left + time.Second)
+			} else if sent.Add(left).After(firstLatest) {
 				return fmt.Errorf("%w: %q (member key %q is held by lease %x, which is being renewed)", ErrDuplicateID, r.opts.ID, key, int64(lease))
 			}
 			if !logged {
