@@ -82,6 +82,7 @@ func TestMetricsNamesAndLint(t *testing.T) {
 		"svc_controllers_replica_claims_released_total",
 		"svc_controllers_replica_keepalive_rtt_seconds",
 		"svc_controllers_replica_watch_lag_seconds",
+		"svc_controllers_replica_names_owner_unconfirmed",
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no %s among %v", want, names)
