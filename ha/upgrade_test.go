@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -216,3 +217,117 @@ type collectorFunc func(chan<- prometheus.Metric)
 
 func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(f, ch) }
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// TestRandomUpgradeSchedule is TestRandomSchedule for a rolling upgrade:
+// replicas of version a (shared and a-only names) are replaced one at a
+// time by replicas of version b (shared and b-only names): a b joins,
+// then an a leaves or crashes; between the steps replicas crash, restart
+// in either version (a rollback) and leave. Every name registered by a
+// live member must then run on exactly one member that registers it
+// within TTL + 1.5s of the schedule's end, and no name may ever run on
+// two replicas at once. The seed and the duration are TestRandomSchedule's
+// flags.
+func TestRandomUpgradeSchedule(t *testing.T) {
+	seed := *scheduleSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (replay: go test -race -run TestRandomUpgradeSchedule -ha.seed=%d -ha.schedule=%v)", seed, seed, *scheduleFor)
+	rng := rand.New(rand.NewPCG(seed, 0x5550))
+	c := newCluster(t, 0, testOptions())
+	shared := namesWith("shared", 40)
+	versions := map[string][]string{
+		"a": append(slices.Clone(shared), namesWith("a-only", 10)...),
+		"b": append(slices.Clone(shared), namesWith("b-only", 10)...),
+	}
+	// Half the shared names linger in their StopFunc and after their
+	// cancellation, as the contract allows.
+	params := func(n *node, name string) controller.ControllerParams {
+		if i := slices.Index(shared, name); i >= 0 && i%2 == 1 {
+			return slowParams(c.rec, n.id, name, c.opts.Margin, false)
+		}
+		return c.rec.params(n.id, name)
+	}
+	version := map[string]string{} // of each live node
+	next := 0
+	join := func(v string) {
+		id := fmt.Sprintf("%s%d", v, next)
+		next++
+		n := c.joinEmpty(id)
+		for _, name := range versions[v] {
+			if err := n.r.UpdateController(name, params(n, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		version[id] = v
+	}
+	stop := func(n *node, crash bool) {
+		delete(version, n.id)
+		if crash {
+			c.crash(n)
+		} else {
+			c.leave(n)
+		}
+	}
+	of := func(v string) []*node {
+		var ns []*node
+		for id, n := range c.nodes {
+			if v == "" || version[id] == v {
+				ns = append(ns, n)
+			}
+		}
+		slices.SortFunc(ns, func(a, b *node) int { return strings.Compare(a.id, b.id) })
+		return ns
+	}
+	for range 3 {
+		join("a")
+	}
+	ops := map[string]int{}
+	// Each pause comes before its operation, so that the schedule ends on
+	// an operation and the bound counts from it.
+	for paused := time.Duration(0); paused < *scheduleFor; {
+		pause := time.Duration(100+rng.IntN(1400)) * time.Millisecond
+		time.Sleep(pause)
+		paused += pause
+		switch op := rng.IntN(6); {
+		case op == 0 && len(of("a")) > 0: // the upgrade's step
+			join("b")
+			as := of("a")
+			stop(as[rng.IntN(len(as))], rng.IntN(3) == 0)
+			ops["upgrade step"]++
+		case op == 2 && len(c.nodes) >= 2:
+			ns := of("")
+			stop(ns[rng.IntN(len(ns))], true)
+			ops["crash"]++
+		case (op == 1 || op == 3) && len(c.nodes) < 5:
+			v := "b"
+			if rng.IntN(2) == 0 {
+				v = "a" // a rollback, or a replica of a restarted
+			}
+			join(v)
+			ops["join "+v]++
+		case op == 4 && len(c.nodes) >= 2:
+			ns := of("")
+			stop(ns[rng.IntN(len(ns))], false)
+			ops["leave"]++
+		default:
+			ops["pause"]++
+		}
+	}
+	regs := map[string][]string{}
+	for id, v := range version {
+		regs[id] = versions[v]
+	}
+	bound := c.opts.TTL + 1500*time.Millisecond
+	took := c.waitPlacement(expectedAmong(regs), bound)
+	t.Logf("schedule of %v (seed %d): %v; live %v; every registered name ran on one member registering it %v after the end (bound TTL + 1.5s = %v)", *scheduleFor, seed, ops, version, took, bound)
+	c.assertRunsOnlyWhereRegistered(regs)
+	for _, n := range of("") {
+		for _, ns := range n.r.Status().Names {
+			if ns.OwnerUnconfirmed {
+				t.Errorf("%s: %s's owner %s still unconfirmed", n.id, ns.Name, ns.Owner)
+			}
+		}
+	}
+	c.rec.assertNoOverlap(t)
+}
