@@ -50,10 +50,13 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 				r.retryLater(ep)
 			}
 		}
+		// The names first: when a member with other names joins, the
+		// reconcile below starts a release per moved name, whose requests
+		// would otherwise go ahead of the set the newcomer waits for.
+		r.keepNameSet(ep)
 		r.reconcile(ep)
 		r.keepMemberKey(ep)
 		r.keepDigest(ep)
-		r.keepNameSet(ep)
 		var retry, settled, unblocked <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
