@@ -399,7 +399,9 @@ func (r *Replica) ID() string { return r.opts.ID }
 // registration, on this replica. The controller runs here only while this
 // replica holds the name's claim; then the update reaches it at once, as
 // [controller.Manager.UpdateController] would. The service registers the
-// same names on every replica.
+// same names on every replica; while versions differ (a rolling upgrade)
+// a name runs only on a replica that registers it (see the package
+// documentation).
 //
 // DoFunc's context carries the [Claim] ([ClaimFrom]) and is cancelled,
 // with cause [ErrFencePassed], when the replica's fence passes; so is
