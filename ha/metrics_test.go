@@ -147,6 +147,11 @@ func TestMetricsCount(t *testing.T) {
 	expect(reg1, "claims_held", moved)
 
 	gone := namesOn(both, "r0")[0]
+	// Unregistered on every replica, as a service does: registered on r1
+	// alone, it would run there.
+	if err := r1.r.RemoveController(gone); err != nil {
+		t.Fatal(err)
+	}
 	if err := r0.r.RemoveControllerAndWait(gone); err != nil {
 		t.Fatal(err)
 	}
