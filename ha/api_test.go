@@ -28,7 +28,8 @@ func TestBadOptionsAreNamed(t *testing.T) {
 		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: 2 * time.Second}, "Margin must leave at least 200ms of TTL"},
 		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: time.Nanosecond}, "Margin must be at least 200ms"},
 		{Options{Prefix: "p", Margin: -time.Second}, "Margin must be > 0"},
-		{Options{Prefix: "/p/claims"}, `Prefix must not have a "members" or "claims" element`},
+		{Options{Prefix: "/p/claims"}, `Prefix must not have a "members", "claims" or "names" element`},
+		{Options{Prefix: "/p/names"}, `got "/p/names"`},
 		{Options{Prefix: "members/p"}, `got "members/p"`},
 		{Options{Prefix: "p", ID: "a/b"}, `ID must not contain "/"`},
 		{Options{Prefix: "p", ID: "web 1"}, `ID must not contain " "`},
@@ -94,7 +95,7 @@ func TestInvalidRegistrationIsRefused(t *testing.T) {
 // one. Before the check, a's claim "members/x" under "/p" read to the
 // group "/p/claims" as a member x.
 func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
-	elems := []string{"p", "q", "members", "claims", "claim", "m", ""}
+	elems := []string{"p", "q", "members", "claims", "names", "claim", "m", ""}
 	var prefixes []string
 	for _, a := range elems {
 		for _, b := range elems {
@@ -106,8 +107,8 @@ func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
 			}
 		}
 	}
-	ids := []string{"x", "members", "claims"}
-	names := []string{"x", "members/x", "claims/x", "/members/x", "p/members/x", "q/claims/claims/x", ""}
+	ids := []string{"x", "members", "claims", "names"}
+	names := []string{"x", "members/x", "claims/x", "names/x", "/members/x", "p/members/x", "q/claims/claims/x", "q/names/x/d/0-of-1", ""}
 	for _, p1 := range prefixes {
 		k1 := keysOf(p1)
 		var keys []string
@@ -117,13 +118,16 @@ func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
 		for _, name := range names {
 			keys = append(keys, k1.claims+name)
 		}
+		for _, id := range ids {
+			keys = append(keys, k1.chunkKey(id, "d", 0, 1))
+		}
 		for _, p2 := range prefixes {
 			if p1 == p2 {
 				continue
 			}
 			k2 := keysOf(p2)
 			for _, key := range keys {
-				if strings.HasPrefix(key, k2.members) || strings.HasPrefix(key, k2.claims) {
+				if strings.HasPrefix(key, k2.members) || strings.HasPrefix(key, k2.claims) || strings.HasPrefix(key, k2.names) {
 					t.Errorf("key %q of the group %q reads as a key of the group %q", key, p1, p2)
 				}
 			}

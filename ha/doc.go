@@ -22,7 +22,8 @@
 // <Prefix>/members/<ID>, and one claim key, <Prefix>/claims/<name>, for
 // every name it runs. Every replica watches the prefix, and so knows the
 // live members and the claims. For each registered name a replica works
-// out the owner from the members (the [Mode]); then:
+// out the owner from the members that register it (the [Mode]; see
+// "Which members a name may run on" below); then:
 //
 //   - if it is the owner and no claim exists, it creates the claim in a
 //     transaction that succeeds only if the key is absent, and only when
@@ -35,6 +36,30 @@
 //   - if the claim exists under another lease, it waits for the key to go:
 //     deleted by the holder after its controller terminated, or by etcd
 //     when the holder's lease expired.
+//
+// # Which members a name may run on, and rolling upgrades
+//
+// A name runs only on a member that registers it. Each member key's value
+// carries a digest of the member's registered names ("<ID> names=<32 hex
+// digits>"), written again, guarded by the lease, when registrations
+// change. Members whose digest equals this replica's register exactly
+// its names: when all do, the common case, nothing more is written and
+// the owner is chosen over all the members as above. While a live
+// member's digest differs, as during a rolling upgrade where old and new
+// versions register different names, each replica publishes its whole
+// set of names, compressed, in chunks under <Prefix>/names/<ID>/<digest>/
+// under its lease, and deletes them once every digest agrees again. The
+// owner of a name is then chosen, by the same rendezvous hash, or as the
+// oldest in [Leader] mode, among the live members that register it; a
+// member whose differing set has not come yet (or that runs a version
+// without a digest) counts as registering every name, as before, until it
+// has. So during an upgrade a name the new version added runs on a new
+// replica, a name it dropped on an old one, and a name nobody live
+// registers runs nowhere. A name registered here whose owner is not known
+// to register it is marked while it lasts: [NameStatus.OwnerUnconfirmed],
+// the placement page ([StatusHandler]) and the names_owner_unconfirmed
+// gauge ([Metrics]). The claims keep every name from running twice
+// whatever the views say.
 //
 // A replica that has just joined claims a name nobody holds only after
 // Options.Settle, so that replicas started together see each other first
@@ -292,7 +317,9 @@
 // which owns all others: the keepalive goroutine of the current lease (and
 // the requests in flight it starts and joins at each renewal), the
 // goroutine that reads the other members' remaining TTLs (rule 5), one
-// that revokes the previous epoch's lease, two claim workers (however many
+// that revokes the previous epoch's lease, one at a time that writes the
+// member key's digest of names and one that publishes or withdraws the
+// set of names, two claim workers (however many
 // names there are), one worker per name being
 // released (it waits for the controller, then deletes the claim), and the
 // short ones that open the watch and request its progress, all joined when

@@ -367,7 +367,7 @@ func (r *Replica) markLeaving(ctx context.Context, lease clientv3.LeaseID) {
 	key := r.keys.members + r.opts.ID
 	_, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(lease))).
-		Then(clientv3.OpPut(key, r.opts.ID+leavingSuffix, clientv3.WithLease(lease))).Commit()
+		Then(clientv3.OpPut(key, memberValue(r.opts.ID, r.digestString(), true), clientv3.WithLease(lease))).Commit()
 	if err != nil {
 		r.log.Debug("marking the member key leaving", "error", err)
 	}

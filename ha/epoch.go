@@ -49,8 +49,17 @@ type epoch struct {
 	// read, when moved): a claim deleted after it may have been released
 	// to this replica before its first listing. 0 once that listing has
 	// looked (see handedBeforeListing).
-	joinedAt   int64
-	rewriting  bool     // a rewriteMember worker is out
+	joinedAt  int64
+	rewriting bool // a rewriteMember worker is out
+	// wroteDigest is the digest of names the member key was last written
+	// with under this lease; redigesting: a writeDigest worker is out.
+	wroteDigest string
+	redigesting bool
+	redigestAt  time.Time // not before: the last write found the key under another lease
+	// published is the digest of the set of names published under this
+	// lease ("": none); publishing: a publishNames worker is out.
+	published  string
+	publishing bool
 	retryNames []string // names to reconcile when retry fires
 	// unblock fires when the earliest name waiting on a lease that ended
 	// early may be claimed (blockedLocked); nil: none waits.
@@ -107,7 +116,9 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	mctx, cancel := r.leaderRequest(ctx)
 	defer cancel()
 	key := r.keys.members + r.opts.ID
-	created, kv, joinedAt, err := r.createIfAbsent(mctx, key, g.ID)
+	digest := r.digestString()
+	value := memberValue(r.opts.ID, digest, false)
+	created, kv, joinedAt, err := r.createIfAbsent(mctx, key, value, g.ID)
 	if err != nil {
 		return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
 	}
@@ -120,7 +131,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		// wrote meanwhile (our old lease expired) is never taken over.
 		moved, err := r.cli.Txn(mctx).
 			If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(prev))).
-			Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(g.ID))).Commit()
+			Then(clientv3.OpPut(key, value, clientv3.WithLease(g.ID))).Commit()
 		switch {
 		case err != nil:
 			return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
@@ -132,12 +143,13 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		return fail(fmt.Errorf("ha: joining took longer than the fence allows, TTL − Margin − %v (%v)", cancelLead, r.opts.fenceWindow()))
 	}
 	ep := &epoch{
-		lease:    g.ID,
-		joinedAt: joinedAt,
-		fence:    f,
-		results:  make(chan result, maxInFlight),
-		claims:   newClaimQueue(),
-		sem:      make(chan struct{}, maxInFlight),
+		lease:       g.ID,
+		joinedAt:    joinedAt,
+		wroteDigest: digest,
+		fence:       f,
+		results:     make(chan result, maxInFlight),
+		claims:      newClaimQueue(),
+		sem:         make(chan struct{}, maxInFlight),
 	}
 	ep.ctx, ep.cancel = context.WithCancel(r.stopping)
 	ep.renew, ep.stopRenew = context.WithCancel(ep.ctx)
@@ -314,7 +326,9 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	clear(r.memberLeases)
 	clear(r.leaving)
 	clear(r.claims)
-	r.memberIDs, r.leader, r.viewRev = nil, "", 0
+	clear(r.memberNames)
+	clear(r.sets)
+	r.place, r.viewRev = nil, 0
 	// Under mu, so that no install comes between: the slots are gone.
 	stopping := make([]stoppingController, 0, len(slots))
 	released := releaseLeave

@@ -48,6 +48,25 @@ func spreadOwner(name string, members []string) string {
 	return best
 }
 
+// spreadOwnerWhere is spreadOwner over the members whose index ok
+// accepts: those known to register name. The same scores, so that a
+// member registering every name wins the same names either way; ok is
+// called, not a filtered slice built, so that no name allocates.
+func spreadOwnerWhere(name string, members []string, ok func(i int) bool) string {
+	var best string
+	var bestScore uint64
+	for i, m := range members {
+		if !ok(i) {
+			continue
+		}
+		s := score(m, name)
+		if best == "" || s > bestScore || (s == bestScore && m > best) {
+			best, bestScore = m, s
+		}
+	}
+	return best
+}
+
 // oldestMember returns the member whose key has the lowest create
 // revision, the smaller ID on a tie; "" when there are none.
 func oldestMember(members map[string]int64) string {

@@ -24,8 +24,9 @@ import (
 // StatusHandler returns an [http.Handler] serving the placement of r's
 // group as r sees it ([Replica.GroupStatus]), from any replica: every name
 // registered on r with its owner, the holder of its claim and since when,
-// and every member with its lease; a name without a holder, or held by a
-// member that does not own it, is marked. It answers GET and HEAD in the
+// and every member with its lease; a name without a holder, held by a
+// member that does not own it, or owned by a member not known to register
+// it ([NameStatus.OwnerUnconfirmed]), is marked. It answers GET and HEAD in the
 // three formats of [controller.StatusHandler], chosen the same way
 // ([controller.NegotiateFormat]):
 //
@@ -69,6 +70,7 @@ func StatusHandler(r *Replica) http.Handler {
 type placementPage struct {
 	Prefix, ID, Mode, Lease, Fence, Now, Error string
 	Members, Total, Held, Unheld, Misplaced    int
+	Unconfirmed                                int // names whose owner is not known to register them
 	MarkedOnly                                 bool
 	Shown                                      int
 	MemberRows                                 []memberRow
@@ -84,7 +86,7 @@ type memberRow struct {
 type nameRow struct {
 	Class, Mark                                string // Class: Mark for the style sheet
 	Name, Owner, Holder, Since, Revision, Here string
-	rank                                       int // 0 no holder, 1 held by a non-owner, 2 ok: the order of the rows
+	rank                                       int // 0 owner not known to register it, 1 no holder, 2 held by a non-owner, 3 ok: the order of the rows
 }
 
 func newPlacementPage(st Status, stErr error, markedOnly bool, now time.Time) *placementPage {
@@ -115,14 +117,18 @@ func newPlacementPage(st Status, stErr error, markedOnly bool, now time.Time) *p
 	for _, ns := range st.Names {
 		row := nameRow{Name: ns.Name, Owner: ns.Owner, Holder: ns.Holder, Here: ns.State}
 		switch {
+		case ns.OwnerUnconfirmed:
+			// First: the name may run nowhere, and nothing else tells.
+			row.Class, row.Mark, row.rank = "unconfirmed", "owner may not register it", 0
+			p.Unconfirmed++
 		case ns.Holder == "":
-			row.Class, row.Mark, row.rank = "unheld", "no holder", 0
+			row.Class, row.Mark, row.rank = "unheld", "no holder", 1
 			p.Unheld++
 		case ns.Holder != ns.Owner:
-			row.Class, row.Mark, row.rank = "misplaced", "held by a non-owner", 1
+			row.Class, row.Mark, row.rank = "misplaced", "held by a non-owner", 2
 			p.Misplaced++
 		default:
-			row.Class, row.Mark, row.rank = "ok", "ok", 2
+			row.Class, row.Mark, row.rank = "ok", "ok", 3
 			p.Held++
 		}
 		if ns.Since != nil {
@@ -131,7 +137,7 @@ func newPlacementPage(st Status, stErr error, markedOnly bool, now time.Time) *p
 		if ns.Revision != 0 {
 			row.Revision = strconv.FormatInt(ns.Revision, 10)
 		}
-		if !markedOnly || row.rank < 2 {
+		if !markedOnly || row.rank < 3 {
 			p.NameRows = append(p.NameRows, row)
 		}
 	}
@@ -177,7 +183,11 @@ func (p *placementPage) writeText(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nNames: %d held by their owner, %d without a holder, %d held by a non-owner\n", p.Held, p.Unheld, p.Misplaced)
+	fmt.Fprintf(w, "\nNames: %d held by their owner, %d without a holder, %d held by a non-owner", p.Held, p.Unheld, p.Misplaced)
+	if p.Unconfirmed > 0 {
+		fmt.Fprintf(w, ", %d whose owner may not register them", p.Unconfirmed)
+	}
+	fmt.Fprintln(w)
 	if p.MarkedOnly {
 		fmt.Fprintf(w, "Showing the %d marked\n", p.Shown)
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -187,10 +188,13 @@ func TestStatusJSONDurations(t *testing.T) {
 	}
 }
 
-// A group of two replicas in which "alone" is registered on r0 only but
-// owned by r1 (no holder), and "taken" is claimed under a lease of no
-// member (held by a non-owner): the page served by r0 shows every name
-// and member, marks those two, and reads the same in all three forms.
+// A group of two replicas in which "alone" is registered on r0 only, and
+// r1's set of names, published since their names differ, is deleted
+// behind its back: r1 then counts as registering every name, owns "alone"
+// by hashing and is not known to register it (no holder, owner
+// unconfirmed); "taken" is claimed under a lease of no member (held by a
+// non-owner): the page served by r0 shows every name and member, marks
+// those two, and reads the same in all three forms.
 func TestPlacementHandler(t *testing.T) {
 	c := newCluster(t, 6, testOptions())
 	cli := newClient(t, testEtcd)
@@ -221,7 +225,12 @@ func TestPlacementHandler(t *testing.T) {
 	}
 	want := c.expected([]string{"r0", "r1"})
 	delete(want, "taken")
+	want[alone] = "r0" // the only member registering it
 	c.waitPlacement(want, 10*time.Second)
+	delete(want, alone)
+	if _, err := cli.Delete(ctx, c.prefix+"/names/r1/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
 	// r0's view settles after the placement: a claim another replica
 	// released shows under it until the watch brings the deletion.
 	waitFor(t, "r0's view to settle", func() bool {
@@ -275,7 +284,7 @@ func TestPlacementHandler(t *testing.T) {
 	}
 	for _, ns := range st.Names {
 		switch {
-		case ns.Name == alone && ns.Holder == "" && ns.Owner == "r1":
+		case ns.Name == alone && ns.Holder == "" && ns.Owner == "r1" && ns.OwnerUnconfirmed:
 		case ns.Name == "taken" && ns.Holder == "intruder" && ns.Since == nil && ns.Revision > 0:
 			// created before r0 listed the prefix: its age is unknown
 		case ns.Name != alone && ns.Name != "taken" && ns.Holder == want[ns.Name] && ns.Owner == want[ns.Name] && ns.Since != nil && ns.Revision > 0:
@@ -289,7 +298,11 @@ func TestPlacementHandler(t *testing.T) {
 		t.Fatalf("Content-Type %q for a browser's Accept", ct)
 	}
 	tables, paras := readPage(t, page)
-	if !strings.HasPrefix(paras["summary"], "2 members, 8 names: 6 held by their owner, 1 without a holder, 1 held by a non-owner. Seen from r0 (spread, lease ") {
+	// Every name r1 owns is marked: r0 no longer knows that r1 registers
+	// it.
+	onR0, onR1 := len(namesOn(want, "r0")), len(namesOn(want, "r1"))
+	summary := fmt.Sprintf("%d held by their owner, 0 without a holder, 1 held by a non-owner, %d whose owner may not register them", onR0, onR1+1)
+	if !strings.HasPrefix(paras["summary"], "2 members, 8 names: "+summary+". Seen from r0 (spread, lease ") {
 		t.Errorf("summary: %q", paras["summary"])
 	}
 	members, names := tables["members"], tables["names"]
@@ -305,16 +318,19 @@ func TestPlacementHandler(t *testing.T) {
 	if members.rows[0][4] != "" || !strings.HasSuffix(members.rows[1][4], "s ago") || members.classes[1] != "member" {
 		t.Errorf("member rows %q %q: r1 renewed some seconds ago, and renewing; r0's own renewal not shown", members.classes, members.rows)
 	}
-	if got := names.column(1)[:2]; !slices.Equal(got, []string{alone, "taken"}) {
-		t.Errorf("names %q: the marked ones first", names.column(1))
+	marked := append(append([]string{alone}, namesOn(want, "r1")...), "taken")
+	if got := names.column(1)[:len(marked)]; !slices.Equal(got, marked) {
+		t.Errorf("names %q: the marked ones first, %q", names.column(1), marked)
 	}
-	if got := names.classes[:3]; !slices.Equal(got, []string{"unheld", "misplaced", "ok"}) {
-		t.Errorf("row classes %q", names.classes)
+	for i, class := range names.classes {
+		if want := map[bool]string{true: "unconfirmed", false: "ok"}[i <= onR1]; i != onR1+1 && class != want {
+			t.Errorf("row %d's class %q, want %q", i, class, want)
+		}
 	}
-	if got := names.rows[1]; got[0] != "held by a non-owner" || got[3] != "intruder" {
+	if got := names.rows[onR1+1]; got[0] != "held by a non-owner" || got[3] != "intruder" || names.classes[onR1+1] != "misplaced" {
 		t.Errorf("the taken name's row: %q", got)
 	}
-	for _, row := range names.rows[2:] {
+	for _, row := range slices.Concat(names.rows[1:onR1+1], names.rows[onR1+2:]) {
 		if !strings.HasSuffix(row[4], "s ago") || row[5] == "" || (row[3] == "r0") != (row[6] == "running") {
 			t.Errorf("a held name's row: %q; want since when, the revision, and running here when r0 holds it", row)
 		}
@@ -323,7 +339,7 @@ func TestPlacementHandler(t *testing.T) {
 		t.Error("the page has a script")
 	}
 	tables, _ = readPage(t, func() string { _, b := get(t, h, http.MethodGet, "/placement?format=html&marked=1", ""); return b }())
-	if got := tables["names"].column(1); !slices.Equal(got, []string{alone, "taken"}) {
+	if got := tables["names"].column(1); !slices.Equal(got, marked) {
 		t.Errorf("marked=1 shows %q", got)
 	}
 
@@ -331,7 +347,7 @@ func TestPlacementHandler(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); ct != "text/plain; charset=utf-8" {
 		t.Fatalf("Content-Type %q without Accept", ct)
 	}
-	for _, want := range []string{"Members: 2\n", "Names: 6 held by their owner, 1 without a holder, 1 held by a non-owner\n", "\nno holder             " + alone + " "} {
+	for _, want := range []string{"Members: 2\n", "Names: " + summary + "\n", "\nowner may not register it   " + alone + " "} {
 		if !strings.Contains(text, want) {
 			t.Errorf("text has no %q:\n%s", want, text)
 		}

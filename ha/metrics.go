@@ -33,6 +33,7 @@ import (
 //	controllers_replica_claims_released_total{reason}  counter    claims given up, by reason (below)
 //	controllers_replica_keepalive_rtt_seconds          histogram  round-trip time of each answered keepalive
 //	controllers_replica_watch_lag_seconds              gauge      time since the watch of the group last delivered anything (below)
+//	controllers_replica_names_owner_unconfirmed        gauge      names registered here whose owner is not known to register them (below)
 //
 // A claim is released for one of four reasons: moved (another member owns
 // the name now), removed (the name was unregistered here), lost (its key
@@ -48,6 +49,14 @@ import (
 // it then). A watch that delivers but runs behind, catching up, does not
 // show here.
 //
+// During a rolling upgrade the members register different names, and a
+// name is owned only by a member that registers it, which the members
+// learn from one another's published names. names_owner_unconfirmed counts
+// the names registered on a replica whose owner has not published its
+// names yet: such a name runs nowhere if the owner does not register it.
+// It is 0 when every member registers the same names, and should fall
+// back to 0 within a few etcd round trips of a member joining.
+//
 // When several replicas share a Metrics, claims_held is their sum and
 // watch_lag_seconds their maximum; both are computed when scraped, visiting
 // every replica recording into the Metrics. MetricsOpts.DurationBuckets and
@@ -60,6 +69,7 @@ type Metrics struct {
 	rtt         prometheus.Histogram
 	heldDesc    *prometheus.Desc
 	lagDesc     *prometheus.Desc
+	unconfDesc  *prometheus.Desc
 
 	mu       sync.Mutex
 	replicas map[*Replica]struct{} // guarded by mu; those recording here, from Join until their loop ends
@@ -118,6 +128,9 @@ func NewMetrics(opts controller.MetricsOpts) *Metrics {
 		lagDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_replica_watch_lag_seconds"),
 			"Time since a replica's watch of its group last delivered events or a progress notification, in seconds; the largest of the replicas.",
 			nil, cl),
+		unconfDesc: prometheus.NewDesc(prometheus.BuildFQName(ns, "", "controllers_replica_names_owner_unconfirmed"),
+			"Number of names registered on a replica whose owner is not known to register them (a rolling upgrade, until the owner's names are published): they may run nowhere.",
+			nil, cl),
 		released: make(map[string]prometheus.Counter),
 		replicas: make(map[*Replica]struct{}),
 	}
@@ -131,6 +144,7 @@ func NewMetrics(opts controller.MetricsOpts) *Metrics {
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.heldDesc
 	ch <- m.lagDesc
+	ch <- m.unconfDesc
 	for _, c := range m.collectors() {
 		c.Describe(ch)
 	}
@@ -138,9 +152,10 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements [prometheus.Collector].
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	held, lag := m.scrapeReplicas(time.Now())
+	held, lag, unconfirmed := m.scrapeReplicas(time.Now())
 	ch <- prometheus.MustNewConstMetric(m.heldDesc, prometheus.GaugeValue, float64(held))
 	ch <- prometheus.MustNewConstMetric(m.lagDesc, prometheus.GaugeValue, lag.Seconds())
+	ch <- prometheus.MustNewConstMetric(m.unconfDesc, prometheus.GaugeValue, float64(unconfirmed))
 	for _, c := range m.collectors() {
 		c.Collect(ch)
 	}
@@ -151,9 +166,11 @@ func (m *Metrics) collectors() []prometheus.Collector {
 }
 
 // scrapeReplicas returns the claims the replicas recording into m hold,
-// and the largest watch lag among them at now. It visits every slot of
-// those replicas: the cost of a scrape, not of a claim.
-func (m *Metrics) scrapeReplicas(now time.Time) (held int, lag time.Duration) {
+// the largest watch lag among them at now, and the names registered on
+// them whose owner is not known to register them. It visits every slot of
+// those replicas: the cost of a scrape, not of a claim; and their names
+// only while a member is not known to register them.
+func (m *Metrics) scrapeReplicas(now time.Time) (held int, lag time.Duration, unconfirmed int) {
 	m.mu.Lock()
 	rs := make([]*Replica, 0, len(m.replicas))
 	for r := range m.replicas {
@@ -168,9 +185,16 @@ func (m *Metrics) scrapeReplicas(now time.Time) (held int, lag time.Duration) {
 			}
 		}
 		lag = max(lag, now.Sub(r.heard))
+		if members := r.unconfirmedLocked(); members != nil {
+			for name := range r.regs {
+				if members[r.ownerLocked(name)] {
+					unconfirmed++
+				}
+			}
+		}
 		r.mu.Unlock()
 	}
-	return held, lag
+	return held, lag, unconfirmed
 }
 
 // add and remove make r count in the scraped gauges, from Join until its

@@ -82,6 +82,7 @@ func TestMetricsNamesAndLint(t *testing.T) {
 		"svc_controllers_replica_claims_released_total",
 		"svc_controllers_replica_keepalive_rtt_seconds",
 		"svc_controllers_replica_watch_lag_seconds",
+		"svc_controllers_replica_names_owner_unconfirmed",
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no %s among %v", want, names)
@@ -146,6 +147,11 @@ func TestMetricsCount(t *testing.T) {
 	expect(reg1, "claims_held", moved)
 
 	gone := namesOn(both, "r0")[0]
+	// Unregistered on every replica, as a service does: registered on r1
+	// alone, it would run there.
+	if err := r1.r.RemoveController(gone); err != nil {
+		t.Fatal(err)
+	}
 	if err := r0.r.RemoveControllerAndWait(gone); err != nil {
 		t.Fatal(err)
 	}

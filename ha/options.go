@@ -47,9 +47,11 @@ func (m Mode) String() string {
 type Options struct {
 	// Prefix is the etcd key prefix the replicas of one service share.
 	// Members live under Prefix+"/members/", claims under
-	// Prefix+"/claims/". Required. A trailing "/" is dropped. It must not
-	// have "members" or "claims" as an element ("/svc/claims" is
-	// refused), so that one group's keys never read as another's.
+	// Prefix+"/claims/", the sets of names members publish during a
+	// rolling upgrade under Prefix+"/names/". Required. A trailing "/" is
+	// dropped. It must not have "members", "claims" or "names" as an
+	// element ("/svc/claims" is refused), so that one group's keys never
+	// read as another's.
 	Prefix string
 
 	// ID names this replica among the members. It must be unique among the
@@ -147,11 +149,11 @@ func (o Options) normalize() (Options, error) {
 		bad("Prefix must not be empty")
 	}
 	for seg := range strings.SplitSeq(o.Prefix, "/") {
-		if seg == membersSegment || seg == claimsSegment {
+		if seg == membersSegment || seg == claimsSegment || seg == namesSegment {
 			// Another group's Prefix could then end where this one's
 			// member or claim keys begin: "/p" and "/p/claims" would
 			// read each other's keys (TestGroupsNeverSeeEachOthersKeys).
-			bad("Prefix must not have a %q or %q element (another group's keys could read as this one's), got %q", membersSegment, claimsSegment, o.Prefix)
+			bad("Prefix must not have a %q, %q or %q element (another group's keys could read as this one's), got %q", membersSegment, claimsSegment, namesSegment, o.Prefix)
 		}
 	}
 	if o.ID == "" {

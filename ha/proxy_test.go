@@ -6,6 +6,7 @@ package ha
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -23,6 +24,9 @@ type proxy struct {
 	gate  chan struct{}     // guarded by mu; closed while the link is up
 	conns map[net.Conn]bool // guarded by mu; every open connection, both sides
 	wg    sync.WaitGroup    // the accept loop and two pipes per connection; joined by close
+
+	// bytes counts what crossed, both ways, for the measurements.
+	bytes atomic.Int64
 }
 
 func newProxy(t testing.TB, targets ...string) *proxy {
@@ -139,6 +143,7 @@ func (p *proxy) pipe(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			<-p.open()
+			p.bytes.Add(int64(n))
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

@@ -23,16 +23,19 @@ const retryAfter = 100 * time.Millisecond
 type resultKind uint8
 
 const (
-	acquired resultKind = iota // a batch of claims, each ours or held by another
-	released                   // the controller terminated and the claim is deleted
-	rewrote                    // the member key is ours again (ok) or held under another lease
+	acquired   resultKind = iota // a batch of claims, each ours or held by another
+	released                     // the controller terminated and the claim is deleted
+	rewrote                      // the member key is ours again (ok) or held under another lease
+	redigested                   // the member key carries digest (ok), or was not under the lease
+	published                    // the set of names of digest is published ("": withdrawn)
 )
 
 // result is a worker's report to the loop.
 type result struct {
 	kind   resultKind
 	name   string     // released
-	ok     bool       // rewrote: the member key is ours
+	ok     bool       // rewrote: the member key is ours; redigested: it was written
+	digest string     // rewrote, redigested, published: the digest written
 	view   *claimView // rewrote and not ok: the member key found
 	claims []claimed  // acquired: the outcome of each name of the batch
 }
@@ -47,8 +50,13 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 				r.retryLater(ep)
 			}
 		}
+		// The names first: when a member with other names joins, the
+		// reconcile below starts a release per moved name, whose requests
+		// would otherwise go ahead of the set the newcomer waits for.
+		r.keepNameSet(ep)
 		r.reconcile(ep)
 		r.keepMemberKey(ep)
+		r.keepDigest(ep)
 		var retry, settled, unblocked <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
@@ -140,13 +148,15 @@ func (r *Replica) relist(ep *epoch) error {
 	clear(r.members)
 	clear(r.memberLeases)
 	clear(r.leaving)
+	clear(r.memberNames)
+	clear(r.sets)
 	prev := r.claims
 	if r.prevClaims != nil {
 		prev = r.prevClaims // the view of the epoch before, which ended at a fence pass
 	}
 	r.prevClaims, r.prevMembers, r.prevLeaving = nil, nil, nil
 	r.claims = make(map[string]claimView, len(prev))
-	r.memberIDs, r.leader = nil, ""
+	r.place = nil
 	r.listedRev = resp.Header.Revision
 	r.heard = time.Now()
 	for _, kv := range resp.Kvs {
@@ -258,6 +268,7 @@ func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 			}
 			delete(r.memberLeases, id)
 			delete(r.leaving, id)
+			delete(r.memberNames, id)
 			if _, had := r.members[id]; had {
 				delete(r.members, id)
 				r.membershipChangedLocked()
@@ -278,6 +289,8 @@ func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 			if r.handed != nil {
 				r.handed[name] = struct{}{}
 			}
+		} else if rest, ok := strings.CutPrefix(key, r.keys.names); ok {
+			r.deleteChunkLocked(rest)
 		}
 	}
 	r.endsLocked(ep, &ends, now)
@@ -293,13 +306,18 @@ func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 		}
 		lease := clientv3.LeaseID(kv.Lease)
 		r.memberLeases[id] = lease
-		if string(kv.Value) == id+leavingSuffix {
+		digest, leaving := parseMemberValue(id, string(kv.Value))
+		if leaving {
 			r.leaving[id] = lease
 		}
 		r.liftLocked(id)
 		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
 			r.members[id] = kv.CreateRevision
 			r.membershipChangedLocked()
+		}
+		if old, had := r.memberNames[id]; !had || old != digest {
+			r.memberNames[id] = digest
+			r.membershipChangedLocked() // whose published set counts changed
 		}
 	} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
 		c := claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
@@ -310,11 +328,15 @@ func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 		}
 		r.claims[name] = c
 		r.dirty[name] = struct{}{}
+	} else if rest, ok := strings.CutPrefix(key, r.keys.names); ok {
+		r.putChunkLocked(rest, kv.Value)
 	}
 }
 
+// membershipChangedLocked drops the placement, to be built again from the
+// view, and steps every name: an owner may have changed.
 func (r *Replica) membershipChangedLocked() {
-	r.memberIDs, r.leader = nil, ""
+	r.place = nil
 	r.allDirty = true
 }
 
@@ -496,15 +518,16 @@ func (r *Replica) rewriteMember(ep *epoch) {
 	defer ep.wg.Done()
 	key := r.keys.members + r.opts.ID
 	for {
+		digest := r.digestString()
 		ctx, cancel := r.leaderRequest(ep.ctx)
-		created, kv, _, err := r.createIfAbsent(ctx, key, ep.lease)
+		created, kv, _, err := r.createIfAbsent(ctx, key, memberValue(r.opts.ID, digest, false), ep.lease)
 		cancel()
 		if isLeaseNotFound(err) {
 			ep.fence.expire(errLeaseLost) // the key went with the lease
 			return
 		}
 		if err == nil {
-			res := result{kind: rewrote, ok: created}
+			res := result{kind: rewrote, ok: created, digest: digest}
 			if kv != nil {
 				res.ok = clientv3.LeaseID(kv.Lease) == ep.lease
 				res.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
@@ -518,14 +541,14 @@ func (r *Replica) rewriteMember(ep *epoch) {
 	}
 }
 
-// createIfAbsent creates key, holding this replica's ID, under lease if
-// the key does not exist, and reads it otherwise, in one transaction. It
-// returns whether it created the key, the key it found instead (nil when
-// it created it), and the transaction's header revision.
-func (r *Replica) createIfAbsent(ctx context.Context, key string, lease clientv3.LeaseID) (created bool, found *mvccpb.KeyValue, hdr int64, err error) {
+// createIfAbsent creates key, holding value, under lease if the key does
+// not exist, and reads it otherwise, in one transaction. It returns
+// whether it created the key, the key it found instead (nil when it
+// created it), and the transaction's header revision.
+func (r *Replica) createIfAbsent(ctx context.Context, key, value string, lease clientv3.LeaseID) (created bool, found *mvccpb.KeyValue, hdr int64, err error) {
 	resp, err := r.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(lease))).
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(lease))).
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return false, nil, 0, err
@@ -564,8 +587,27 @@ func pause(ctx context.Context, d time.Duration) bool {
 func (r *Replica) handle(ep *epoch, res result) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	switch res.kind {
+	case redigested:
+		ep.redigesting = false
+		if res.ok {
+			ep.wroteDigest = res.digest
+		} else {
+			// Not under the lease: the watch shows why (rewriteMember
+			// follows); meanwhile it is tried again after a pause.
+			ep.redigestAt = time.Now().Add(retryAfter)
+			r.retryLater(ep)
+		}
+		return
+	case published:
+		ep.publishing, ep.published = false, res.digest
+		return
+	}
 	if res.kind == rewrote {
 		ep.rewriting = false
+		if res.ok {
+			ep.wroteDigest = res.digest
+		}
 		switch {
 		case res.ok:
 			r.log.Warn("member key was deleted under the live lease: written again")

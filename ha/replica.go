@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,25 +84,31 @@ type Replica struct {
 	//	memberLeases, listedRev, heard          the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
 	//	joinErr                                 the loop, as it joins again
-	//	memberIDs, leader                       whoever computes an owner (caches of members)
+	//	memberNames, sets                       the loop (from the watch)
+	//	digest                                  the API methods, as names are registered and unregistered
+	//	place                                   whoever computes an owner (a cache of members, memberNames and sets); nil: to rebuild
 	//
 	// The invariant the safety argument (doc.go, rules 1 and 2) rests on:
 	// a controller is installed in the inner Manager, always under mu,
 	// only while its slot is running; a removed controller that has not
 	// terminated yet keeps its slot in releasing, and with it the claim.
-	regs      map[string]controller.ControllerParams // registered names
-	slots     map[string]*slot                       // names claimed here, or being claimed
-	dirty     map[string]struct{}                    // names to reconcile
-	allDirty  bool                                   // reconcile every name
-	members   map[string]int64                       // live member IDs, with their key's create revision
-	memberIDs []string                               // sorted keys of members; nil: to rebuild
-	leader    string                                 // oldest member; "": to recompute
-	claims    map[string]claimView                   // claim keys in the view, by name
-	viewRev   int64                                  // the etcd revision the view is at
-	lease     clientv3.LeaseID                       // of the current epoch; 0 between epochs
-	fence     *fence                                 // of the current epoch; a passed one between epochs
-	joinErr   error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
-	closed    bool                                   // Leave or Close was called
+	regs     map[string]controller.ControllerParams // registered names
+	slots    map[string]*slot                       // names claimed here, or being claimed
+	dirty    map[string]struct{}                    // names to reconcile
+	allDirty bool                                   // reconcile every name
+	members  map[string]int64                       // live member IDs, with their key's create revision
+	place    *placement                             // computed from the view by placementLocked; nil: to rebuild
+	claims   map[string]claimView                   // claim keys in the view, by name
+	viewRev  int64                                  // the etcd revision the view is at
+	lease    clientv3.LeaseID                       // of the current epoch; 0 between epochs
+	fence    *fence                                 // of the current epoch; a passed one between epochs
+	joinErr  error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
+	closed   bool                                   // Leave or Close was called
+
+	// Which names each member registers (names.go).
+	digest      namesDigest         // of regs' names
+	memberNames map[string]string   // each live member's digest, from its key; "": it gives none (an earlier version)
+	sets        map[string]*nameSet // sets of names other members published, by "<ID>/<digest>"
 
 	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
 	listedRev    int64                       // the revision of the view's last listing
@@ -139,22 +144,23 @@ type Replica struct {
 
 // keys are the etcd keys and prefixes of one Options.Prefix.
 type keys struct {
-	all, members, claims string
+	all, members, claims, names string
 }
 
 // membersSegment and claimsSegment are the key elements after the Prefix
-// under which member and claim keys live. A Prefix may not contain either
-// as an element of its own, so that no two groups' keys can be taken for
-// each other's: for a key of group P1 to read as a key of group P2, where
-// P1 is a proper prefix of P2, P2 would have to be P1 followed by
-// "/members" or "/claims" and more.
+// under which member and claim keys live (and namesSegment those of the
+// published sets of names). A Prefix may not contain any of them as an
+// element of its own, so that no two groups' keys can be taken for each
+// other's: for a key of group P1 to read as a key of group P2, where P1
+// is a proper prefix of P2, P2 would have to be P1 followed by
+// "/members", "/claims" or "/names" and more.
 const (
 	membersSegment = "members"
 	claimsSegment  = "claims"
 )
 
 func keysOf(prefix string) keys {
-	return keys{all: prefix + "/", members: prefix + "/" + membersSegment + "/", claims: prefix + "/" + claimsSegment + "/"}
+	return keys{all: prefix + "/", members: prefix + "/" + membersSegment + "/", claims: prefix + "/" + claimsSegment + "/", names: prefix + "/" + namesSegment + "/"}
 }
 
 // claimView is what the view knows of a claim key.
@@ -272,6 +278,9 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		members: make(map[string]int64),
 		claims:  make(map[string]claimView),
 
+		memberNames: make(map[string]string),
+		sets:        make(map[string]*nameSet),
+
 		memberLeases: make(map[string]clientv3.LeaseID),
 		leaving:      make(map[string]clientv3.LeaseID),
 		gone:         make(map[string]goneMember),
@@ -387,7 +396,9 @@ func (r *Replica) ID() string { return r.opts.ID }
 // registration, on this replica. The controller runs here only while this
 // replica holds the name's claim; then the update reaches it at once, as
 // [controller.Manager.UpdateController] would. The service registers the
-// same names on every replica.
+// same names on every replica; while versions differ (a rolling upgrade)
+// a name runs only on a replica that registers it (see the package
+// documentation).
 //
 // DoFunc's context carries the [Claim] ([ClaimFrom]) and is cancelled,
 // with cause [ErrFencePassed], when the replica's fence passes; so is
@@ -410,6 +421,9 @@ func (r *Replica) UpdateController(name string, params controller.ControllerPara
 func (r *Replica) updateControllerLocked(name string, params controller.ControllerParams) error {
 	if r.closed {
 		return fmt.Errorf("%w: UpdateController(%q)", ErrClosed, name)
+	}
+	if _, had := r.regs[name]; !had {
+		r.digest.add(name)
 	}
 	r.regs[name] = params
 	if s := r.slots[name]; s != nil && s.state == running && !s.removed {
@@ -494,6 +508,7 @@ func (r *Replica) unregisterLocked(name string) (*slot, chan struct{}, error) {
 		return nil, nil, errNotRegistered(name)
 	}
 	delete(r.regs, name)
+	r.digest.remove(name)
 	if s := r.slots[name]; s != nil {
 		s.removed = true
 	}
@@ -540,28 +555,6 @@ func (r *Replica) markDirtyLocked(name string) {
 	case r.wake <- struct{}{}:
 	default:
 	}
-}
-
-// ownerLocked returns the member that should run name in the current
-// view, "" when there is none.
-func (r *Replica) ownerLocked(name string) string {
-	if len(r.members) == 0 {
-		return ""
-	}
-	if r.opts.Mode == Leader {
-		if r.leader == "" {
-			r.leader = oldestMember(r.members)
-		}
-		return r.leader
-	}
-	if r.memberIDs == nil {
-		r.memberIDs = make([]string, 0, len(r.members))
-		for id := range r.members {
-			r.memberIDs = append(r.memberIDs, id)
-		}
-		slices.Sort(r.memberIDs)
-	}
-	return spreadOwner(name, r.memberIDs)
 }
 
 // installLocked installs or updates name's controller in the inner

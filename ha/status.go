@@ -99,6 +99,13 @@ type NameStatus struct {
 	// State is "acquiring", "running" or "releasing" on this replica, or
 	// "" when this replica neither holds nor wants it.
 	State string `json:"state,omitempty"`
+	// OwnerUnconfirmed is true when the Owner is not known to register the
+	// name: its names differ from this replica's (a rolling upgrade) and
+	// it has not published them yet, or it runs a version that does not.
+	// It counts as registering the name meanwhile; if it does not, the
+	// name runs nowhere until its names come, which the replicas publish
+	// within a few etcd round trips of seeing that they differ.
+	OwnerUnconfirmed bool `json:"owner-unconfirmed,omitempty"`
 }
 
 // Status returns this replica's view of the members and the names. It
@@ -125,9 +132,11 @@ func (r *Replica) Status() Status {
 	}
 	slices.SortFunc(st.Members, func(a, b MemberStatus) int { return strings.Compare(a.ID, b.ID) })
 	st.Names = make([]NameStatus, 0, len(r.regs))
+	unconfirmed := r.unconfirmedLocked()
 	for name := range r.regs {
 		c, held := r.claims[name]
 		ns := NameStatus{Name: name, Owner: r.ownerLocked(name)}
+		ns.OwnerUnconfirmed = unconfirmed[ns.Owner]
 		if held {
 			ns.Holder, ns.Revision, ns.Since = c.holder, c.rev, timeOrNil(c.since)
 		}

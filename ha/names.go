@@ -1,0 +1,442 @@
+// Which names each member registers: a digest of its names in its member
+// key, and its whole set of names published while the members' digests
+// differ (a rolling upgrade), so that a name is owned only by a member
+// that registers it.
+
+package ha
+
+import (
+	"bytes"
+	"compress/flate"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// namesSegment is the key element after the Prefix under which a member
+// publishes its set of names: <Prefix>/names/<ID>/<digest>/<i>-of-<n>.
+// Reserved in a Prefix like membersSegment and claimsSegment.
+const namesSegment = "names"
+
+// digestString returns the digest of the names registered here.
+func (r *Replica) digestString() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.digest.String()
+}
+
+// namesDigest identifies a set of names: per lane, the sum modulo 2⁶⁴ of
+// a 64-bit piece of each name's SHA-256. A sum, not a hash of the sorted
+// names, so that a registration changes it in O(1), with no sorting and
+// no memory per name; two different sets share it with a chance of about
+// 2⁻¹²⁸ (the sets come from programs, not from an adversary). Every
+// version sharing a prefix must compute it alike (TestNamesDigestIsStable).
+type namesDigest [2]uint64
+
+func (d *namesDigest) add(name string)    { d.step(name, 1) }
+func (d *namesDigest) remove(name string) { d.step(name, ^uint64(0)) } // adds −1 × the hash
+
+func (d *namesDigest) step(name string, sign uint64) {
+	h := sha256.Sum256([]byte(name))
+	d[0] += sign * binary.BigEndian.Uint64(h[0:8])
+	d[1] += sign * binary.BigEndian.Uint64(h[8:16])
+}
+
+// String returns the digest as 32 hex digits.
+func (d namesDigest) String() string { return fmt.Sprintf("%016x%016x", d[0], d[1]) }
+
+// digestMark introduces the digest in a member key's value.
+const digestMark = " names="
+
+// memberValue is the value of a member key: the ID, the digest of the
+// member's names, and the leaving suffix when it leaves, as in
+// "r0 names=00…ff (leaving)". A replica of an earlier version writes the
+// ID alone ("r0", "r0 (leaving)"): its names are not known.
+func memberValue(id, digest string, leaving bool) string {
+	v := id + digestMark + digest
+	if leaving {
+		v += leavingSuffix
+	}
+	return v
+}
+
+// parseMemberValue returns the digest in the member key value v of id,
+// "" when it has none, and whether v marks the member leaving.
+func parseMemberValue(id, v string) (digest string, leaving bool) {
+	rest, ok := strings.CutPrefix(v, id)
+	if !ok {
+		return "", false
+	}
+	rest, leaving = strings.CutSuffix(rest, leavingSuffix)
+	digest, _ = strings.CutPrefix(rest, digestMark)
+	if digest == rest {
+		digest = "" // no mark: an earlier version's value
+	}
+	return digest, leaving
+}
+
+// nameSet is a set of names a member published, as the view has it: its
+// chunks until they have all come, then the names.
+type nameSet struct {
+	chunks [][]byte            // by index; nil once names is set
+	have   int                 // chunks present
+	names  map[string]struct{} // nil until complete
+}
+
+// maxChunk bounds the bytes of one published chunk, well under etcd's
+// default request limit of 1.5 MiB (a Put carries the key and some
+// framing besides).
+const maxChunk = 512 << 10
+
+// encodeNames returns names (sorted, for the compressor) as chunks of at
+// most maxChunk bytes: each name as a uvarint length and its bytes, the
+// whole deflated. Lengths, not separators, since a name may hold any byte.
+func encodeNames(names []string) [][]byte {
+	var raw bytes.Buffer
+	for _, n := range names {
+		raw.Write(binary.AppendUvarint(nil, uint64(len(n))))
+		raw.WriteString(n)
+	}
+	var z bytes.Buffer
+	w, _ := flate.NewWriter(&z, flate.DefaultCompression) // the level is valid
+	_, _ = w.Write(raw.Bytes())                           // a bytes.Buffer does not fail
+	_ = w.Close()
+	all := z.Bytes()
+	var chunks [][]byte
+	for len(all) > maxChunk {
+		chunks = append(chunks, all[:maxChunk])
+		all = all[maxChunk:]
+	}
+	return append(chunks, all)
+}
+
+// decodeNames reverses encodeNames.
+func decodeNames(chunks [][]byte) (map[string]struct{}, error) {
+	raw, err := io.ReadAll(flate.NewReader(bytes.NewReader(bytes.Join(chunks, nil))))
+	if err != nil {
+		return nil, err
+	}
+	names := make(map[string]struct{})
+	for len(raw) > 0 {
+		n, k := binary.Uvarint(raw)
+		if k <= 0 || uint64(len(raw)-k) < n {
+			return nil, errors.New("ha: a published name set is malformed")
+		}
+		names[string(raw[k:k+int(n)])] = struct{}{}
+		raw = raw[k+int(n):]
+	}
+	return names, nil
+}
+
+// chunkKey returns the key of chunk i of n of the set with digest of
+// member id.
+func (k keys) chunkKey(id, digest string, i, n int) string {
+	return fmt.Sprintf("%s%s/%s/%d-of-%d", k.names, id, digest, i, n)
+}
+
+// parseChunkKey splits rest, a key after keys.names, into the member,
+// the digest and the chunk's place; ok is false for a key of another form.
+func parseChunkKey(rest string) (id, digest string, i, n int, ok bool) {
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 {
+		return "", "", 0, 0, false
+	}
+	is, ns, found := strings.Cut(parts[2], "-of-")
+	i, err1 := strconv.Atoi(is)
+	n, err2 := strconv.Atoi(ns)
+	if !found || err1 != nil || err2 != nil || n < 1 || n > 1<<16 || i < 0 || i >= n {
+		return "", "", 0, 0, false
+	}
+	return parts[0], parts[1], i, n, true
+}
+
+// putChunkLocked brings a chunk of a published set into the view; the set
+// is decoded once its last chunk came, and placement is computed afresh.
+// A replica's own set is not kept: it knows its names.
+func (r *Replica) putChunkLocked(rest string, value []byte) {
+	id, digest, i, n, ok := parseChunkKey(rest)
+	if !ok || id == r.opts.ID {
+		return
+	}
+	k := id + "/" + digest
+	s := r.sets[k]
+	if s == nil {
+		s = &nameSet{chunks: make([][]byte, n)}
+		r.sets[k] = s
+	}
+	if s.names != nil || len(s.chunks) != n {
+		return // complete already (a chunk written again), or another split: ignored
+	}
+	if s.chunks[i] == nil {
+		s.have++
+	}
+	s.chunks[i] = value
+	if s.have < n {
+		return
+	}
+	names, err := decodeNames(s.chunks)
+	if err != nil {
+		r.log.Warn(fmt.Sprintf("member %q published a set of names that does not decode: its names count as unknown", id), "error", err)
+		delete(r.sets, k)
+		return
+	}
+	s.names, s.chunks = names, nil
+	r.membershipChangedLocked()
+}
+
+// deleteChunkLocked drops the set a deleted chunk belonged to: a member
+// withdraws a set whole (or its lease takes it), so one chunk gone means
+// the set is going.
+func (r *Replica) deleteChunkLocked(rest string) {
+	id, digest, _, _, ok := parseChunkKey(rest)
+	if !ok {
+		return
+	}
+	k := id + "/" + digest
+	if s := r.sets[k]; s != nil {
+		delete(r.sets, k)
+		if s.names != nil {
+			r.membershipChangedLocked()
+		}
+	}
+}
+
+// placement is what ownerLocked computes owners from, built from the
+// view when first needed after it changed.
+type placement struct {
+	// ids are the live members: sorted by ID in Spread mode, from the
+	// oldest in Leader mode.
+	ids []string
+	// known are, by index of ids, the names each member is known to
+	// register: the complete set it published for the digest in its
+	// member key; nil when none is known, and the member then counts as
+	// registering every name, as before members published their names.
+	// All nil in the common case, where every member registers the same
+	// names and none publishes.
+	known    []map[string]struct{}
+	narrowed bool // some entry of known is non-nil
+}
+
+// placementLocked returns the placement of the current view.
+func (r *Replica) placementLocked() *placement {
+	if r.place != nil {
+		return r.place
+	}
+	p := &placement{ids: make([]string, 0, len(r.members))}
+	for id := range r.members {
+		p.ids = append(p.ids, id)
+	}
+	if r.opts.Mode == Leader {
+		slices.SortFunc(p.ids, func(a, b string) int {
+			if c := r.members[a] - r.members[b]; c != 0 {
+				return int(max(min(c, 1), -1))
+			}
+			return strings.Compare(a, b)
+		})
+	} else {
+		slices.Sort(p.ids)
+	}
+	p.known = make([]map[string]struct{}, len(p.ids))
+	for i, id := range p.ids {
+		if d := r.memberNames[id]; d != "" && id != r.opts.ID {
+			if s := r.sets[id+"/"+d]; s != nil && s.names != nil {
+				p.known[i], p.narrowed = s.names, true
+			}
+		}
+	}
+	r.place = p
+	return p
+}
+
+// registers reports whether member i is known, or taken, to register
+// name.
+func (p *placement) registers(i int, name string) bool {
+	if p.known[i] == nil {
+		return true
+	}
+	_, ok := p.known[i][name]
+	return ok
+}
+
+// ownerLocked returns the member that should run name, a name registered
+// here, in the current view: among the live members that register it
+// (this one does), by rendezvous hashing in Spread mode, the oldest in
+// Leader mode; "" when there are no members. A member whose names are
+// not known counts as registering it. In the common case, every member's
+// names the same and none published, it is the owner over all members.
+func (r *Replica) ownerLocked(name string) string {
+	p := r.placementLocked()
+	if len(p.ids) == 0 {
+		return ""
+	}
+	if r.opts.Mode == Leader {
+		for i, id := range p.ids {
+			if !p.narrowed || p.registers(i, name) {
+				return id
+			}
+		}
+		return ""
+	}
+	if !p.narrowed {
+		return spreadOwner(name, p.ids)
+	}
+	return spreadOwnerWhere(name, p.ids, func(i int) bool { return p.registers(i, name) })
+}
+
+// unconfirmedLocked returns the live members not known to register the
+// names registered here: their digest differs from this replica's (or
+// they publish none, an earlier version) and their set has not come. A
+// name one of them owns may run nowhere while it lasts; nil when there
+// are none, the common case.
+func (r *Replica) unconfirmedLocked() map[string]bool {
+	mine := r.digest.String()
+	p := r.placementLocked()
+	var out map[string]bool
+	for i, id := range p.ids {
+		if id == r.opts.ID || p.known[i] != nil || r.memberNames[id] == mine {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]bool)
+		}
+		out[id] = true
+	}
+	return out
+}
+
+// differsLocked reports whether a live member publishes a digest other
+// than this replica's: then this replica publishes its set of names, so
+// that the other can tell which of its names this one registers.
+func (r *Replica) differsLocked() bool {
+	mine := r.digest.String()
+	for id := range r.members {
+		if d := r.memberNames[id]; id != r.opts.ID && d != "" && d != mine {
+			return true
+		}
+	}
+	return false
+}
+
+// keepDigest writes the member key again, guarded by the epoch's lease,
+// when the names registered here changed since the digest it carries was
+// written. One write at a time, so the changes of a burst of
+// registrations are coalesced into a few writes.
+func (r *Replica) keepDigest(ep *epoch) {
+	if ep.redigesting || ep.rewriting || time.Now().Before(ep.redigestAt) {
+		return
+	}
+	r.mu.Lock()
+	d := r.digest.String()
+	start := d != ep.wroteDigest && !r.memberLost
+	r.mu.Unlock()
+	if start {
+		ep.redigesting = true
+	}
+	if start {
+		ep.wg.Add(1)
+		go r.writeDigest(ep, d) // owned by the loop; joined by endEpoch through ep.wg
+	}
+}
+
+// writeDigest puts the member key with digest d, if it is under the
+// epoch's lease, retrying until etcd answers or the epoch ends. A key
+// under another lease, or gone, is left to the watch and rewriteMember.
+func (r *Replica) writeDigest(ep *epoch, d string) {
+	defer ep.wg.Done()
+	key := r.keys.members + r.opts.ID
+	for {
+		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+		resp, err := r.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(ep.lease))).
+			Then(clientv3.OpPut(key, memberValue(r.opts.ID, d, false), clientv3.WithLease(ep.lease))).Commit()
+		cancel()
+		if isLeaseNotFound(err) {
+			ep.fence.expire(errLeaseLost)
+			return
+		}
+		if err == nil {
+			r.report(ep, result{kind: redigested, digest: d, ok: resp.Succeeded})
+			return
+		}
+		if !pause(ep.ctx, retryAfter) {
+			return
+		}
+	}
+}
+
+// keepNameSet publishes this replica's set of names, under the epoch's
+// lease, while a live member's digest differs from its own, and deletes
+// it once none does. One worker at a time; a set published for a digest
+// that changed since is replaced.
+func (r *Replica) keepNameSet(ep *epoch) {
+	if ep.publishing {
+		return
+	}
+	r.mu.Lock()
+	want := ""
+	if r.differsLocked() {
+		want = r.digest.String()
+	}
+	start := want != ep.published
+	var names []string
+	if start && want != "" {
+		names = make([]string, 0, len(r.regs))
+		for name := range r.regs {
+			names = append(names, name)
+		}
+	}
+	r.mu.Unlock()
+	if start {
+		ep.publishing = true
+		ep.wg.Add(1)
+		go r.publishNames(ep, want, ep.published, names) // owned by the loop; joined by endEpoch through ep.wg
+	}
+}
+
+// publishNames writes names as the set with digest want (none when want
+// is ""), and then deletes the set of digest old; it retries each request
+// until etcd answers or the epoch ends.
+func (r *Replica) publishNames(ep *epoch, want, old string, names []string) {
+	defer ep.wg.Done()
+	var ops []clientv3.Op
+	if want != "" {
+		slices.Sort(names)
+		chunks := encodeNames(names)
+		for i, c := range chunks {
+			ops = append(ops, clientv3.OpPut(r.keys.chunkKey(r.opts.ID, want, i, len(chunks)), string(c), clientv3.WithLease(ep.lease)))
+		}
+	}
+	switch {
+	case want == "":
+		ops = append(ops, clientv3.OpDelete(r.keys.names+r.opts.ID+"/", clientv3.WithPrefix()))
+	case old != "" && old != want:
+		ops = append(ops, clientv3.OpDelete(r.keys.names+r.opts.ID+"/"+old+"/", clientv3.WithPrefix()))
+	}
+	for _, op := range ops {
+		for {
+			ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+			_, err := r.cli.Do(ctx, op)
+			cancel()
+			if isLeaseNotFound(err) {
+				ep.fence.expire(errLeaseLost)
+				return
+			}
+			if err == nil {
+				break
+			}
+			if !pause(ep.ctx, retryAfter) {
+				return
+			}
+		}
+	}
+	r.report(ep, result{kind: published, digest: want})
+}
