@@ -5,6 +5,7 @@ package ha
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -218,6 +219,8 @@ type collectorFunc func(chan<- prometheus.Metric)
 func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(f, ch) }
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
 
+var upgradeScheduleFor = flag.Duration("ha.upgradeschedule", 8*time.Second, "how long TestRandomUpgradeSchedule runs its schedule (CI: 30s)")
+
 // TestRandomUpgradeSchedule is TestRandomSchedule for a rolling upgrade:
 // replicas of version a (shared and a-only names) are replaced one at a
 // time by replicas of version b (shared and b-only names): a b joins,
@@ -225,14 +228,14 @@ func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
 // in either version (a rollback) and leave. Every name registered by a
 // live member must then run on exactly one member that registers it
 // within TTL + 1.5s of the schedule's end, and no name may ever run on
-// two replicas at once. The seed and the duration are TestRandomSchedule's
-// flags.
+// two replicas at once. The seed is TestRandomSchedule's flag; the
+// duration is -ha.upgradeschedule.
 func TestRandomUpgradeSchedule(t *testing.T) {
 	seed := *scheduleSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (replay: go test -race -run TestRandomUpgradeSchedule -ha.seed=%d -ha.schedule=%v)", seed, seed, *scheduleFor)
+	t.Logf("seed %d (replay: go test -race -run TestRandomUpgradeSchedule -ha.seed=%d -ha.upgradeschedule=%v)", seed, seed, *upgradeScheduleFor)
 	rng := rand.New(rand.NewPCG(seed, 0x5550))
 	c := newCluster(t, 0, testOptions())
 	shared := namesWith("shared", 40)
@@ -285,7 +288,7 @@ func TestRandomUpgradeSchedule(t *testing.T) {
 	ops := map[string]int{}
 	// Each pause comes before its operation, so that the schedule ends on
 	// an operation and the bound counts from it.
-	for paused := time.Duration(0); paused < *scheduleFor; {
+	for paused := time.Duration(0); paused < *upgradeScheduleFor; {
 		pause := time.Duration(100+rng.IntN(1400)) * time.Millisecond
 		time.Sleep(pause)
 		paused += pause
@@ -320,7 +323,7 @@ func TestRandomUpgradeSchedule(t *testing.T) {
 	}
 	bound := c.opts.TTL + 1500*time.Millisecond
 	took := c.waitPlacement(expectedAmong(regs), bound)
-	t.Logf("schedule of %v (seed %d): %v; live %v; every registered name ran on one member registering it %v after the end (bound TTL + 1.5s = %v)", *scheduleFor, seed, ops, version, took, bound)
+	t.Logf("schedule of %v (seed %d): %v; live %v; every registered name ran on one member registering it %v after the end (bound TTL + 1.5s = %v)", *upgradeScheduleFor, seed, ops, version, took, bound)
 	c.assertRunsOnlyWhereRegistered(regs)
 	for _, n := range of("") {
 		for _, ns := range n.r.Status().Names {
