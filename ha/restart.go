@@ -36,11 +36,15 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	}
 	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
 	// Each reading, sent at s and answered at v saying n seconds left,
-	// puts the lease's end in [s + n, v + n + 1s) (etcd truncates). A
-	// reading whose earliest end is past the first reading's latest has
-	// seen the end move: someone renewed the lease. Unrenewed, no reading
-	// can, however late a request reached the server.
-	var firstLatest time.Time
+	// puts the lease's end in [s + n, v + n + 1s) (etcd truncates); the
+	// readings are intersected (leaseAnswer.next). A reading whose range
+	// lies wholly past the last range has seen the end move: a renewal.
+	// One may come after a crash (a keepalive in flight as the process
+	// died, or several sent together, which move the end by as much as
+	// the time between them); a live replica renews every (TTL −
+	// Margin)/4, so a second renewal, a range later again, tells it.
+	var last leaseAnswer
+	renewals := 0
 	logged := false
 	for {
 		sent := time.Now()
@@ -52,10 +56,12 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 		case isLeaseNotFound(err) || (err == nil && ttl.TTL < 0):
 			return nil // it ran out, and the key with it
 		case err == nil:
-			left := time.Duration(ttl.TTL) * time.Second
-			if firstLatest.IsZero() {
-				firstLatest = recv.Add(left + time.Second)
-			} else if sent.Add(left).After(firstLatest) {
+			next := last.next(sent, recv, time.Duration(ttl.TTL)*time.Second, time.Duration(ttl.GrantedTTL)*time.Second)
+			if !last.sent.IsZero() && !next.lo.Before(last.hi) {
+				renewals++
+			}
+			last = next
+			if renewals >= 2 {
 				return fmt.Errorf("%w: %q (member key %q is held by lease %x, which is being renewed)", ErrDuplicateID, r.opts.ID, key, int64(lease))
 			}
 			if !logged {
