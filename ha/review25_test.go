@@ -250,3 +250,105 @@ wait:
 	c.assertRunsOnlyWhereRegistered(regs)
 	c.rec.assertNoOverlap(t)
 }
+
+// FINDING 2. A service whose names come and go at run time (one per
+// tenant, per object it watches) registers each new name on every replica
+// a few milliseconds apart. In each such window the replicas' digests
+// differ, and every replica publishes its whole set of names, then
+// withdraws it: O(names) bytes written to etcd, and read back by every
+// other replica's watch, per name added, where the doc promises "when all
+// do [agree], the common case, nothing more is written". Registering n
+// names one at a time this way costs O(n²) bytes; each set is also kept
+// in etcd's history until compaction.
+//
+// Three replicas of 20,000 names; 10 names are added, each on r0, r1 and
+// r2 20ms apart, 500ms between names. The bound, 64 KB through the
+// replicas' connections per name added (a claim, a digest rewrite per
+// replica, their watch events: a few KB), fails every run by two orders
+// of magnitude; at 100,000 names the cost is five times as large.
+func TestReview25RuntimeRegistrationRepublishesWholeSets(t *testing.T) {
+	const n, added = 20000, 10
+	opts := testOptions()
+	opts.TTL, opts.Margin = 4*time.Second, time.Second // 20,000 names under -race on two busy cores
+	c := newCluster(t, 0, opts)
+	for i := range n {
+		c.names = append(c.names, fmt.Sprintf("tenant-%x", score("t", fmt.Sprint(i))))
+	}
+	setBytes := 0
+	for _, ch := range encodeNames(slices.Sorted(slices.Values(c.names))) {
+		setBytes += len(ch)
+	}
+	ids := []string{"r0", "r1", "r2"}
+	var nodes []*node
+	for _, id := range ids {
+		nd := c.newNode(id)
+		c.register(nd)
+		nodes = append(nodes, nd)
+	}
+	for _, nd := range nodes {
+		if err := nd.r.Join(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.waitPlacement(c.expected(ids), time.Minute)
+	time.Sleep(time.Second)
+	op := newClient(t, testEtcd)
+	defer op.Close()
+	revision := func() int64 {
+		resp, err := op.Get(context.Background(), "/none")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	traffic := func() (b int64) {
+		for _, nd := range nodes {
+			b += nd.proxy.bytes.Load()
+		}
+		return b
+	}
+	rev0, bytes0 := revision(), traffic()
+	for i := range added {
+		name := fmt.Sprintf("late-%d", i)
+		c.names = append(c.names, name)
+		for _, nd := range nodes {
+			if err := nd.r.UpdateController(name, c.rec.params(nd.id, name)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	c.waitPlacement(c.expected(ids), 30*time.Second)
+	time.Sleep(time.Second)
+	writes, bytes := revision()-rev0, traffic()-bytes0
+	// The steady state alone (keepalives, progress requests) over the same
+	// time, for comparison.
+	rev1, bytes1 := revision(), traffic()
+	time.Sleep(time.Duration(added)*560*time.Millisecond + 2*time.Second)
+	idleWrites, idleBytes := revision()-rev1, traffic()-bytes1
+	perName := (bytes - idleBytes) / added
+	t.Logf("%d names added at run time to %d replicas of %d names (a set deflates to %d bytes): %d etcd revisions, %d bytes through the replicas' connections (idle over as long: %d revisions, %d bytes): %d bytes per name added",
+		added, len(ids), n, setBytes, writes, bytes, idleWrites, idleBytes, perName)
+	if perName > 64<<10 {
+		t.Errorf("each name registered at run time cost %d bytes through the replicas' connections, %.1f whole sets of names, want under 64 KB", perName, float64(perName)/float64(setBytes))
+	}
+	c.rec.assertNoOverlap(t)
+}
+
+// FINDING 3. Options.Prefix now refuses a "names" element. A Prefix the
+// previous release accepted ("/dns/names", "/registry/names/ctl") is
+// refused by New, so every replica of the new version fails to start in
+// a rolling upgrade of such a service: the upgrade that this wave makes
+// safe cannot begin. The collision it prevents needs two groups, P and
+// P+"/names"; it could be refused only where it occurs, or the sets kept
+// under a segment that was already reserved (Prefix+"/members/…" is
+// parsed by ID, which cannot contain "/"). Fails every run.
+func TestReview25PrefixValidInThePreviousReleaseIsRefused(t *testing.T) {
+	for _, prefix := range []string{"/dns/names", "/registry/names/controllers", "/svc/claims-v2"} {
+		_, err := New(&clientv3.Client{}, Options{Prefix: prefix, ID: "web-0"})
+		if err != nil {
+			t.Errorf("New with Prefix %q, accepted by the release before digests: %v", prefix, err)
+		}
+	}
+}
