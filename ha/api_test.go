@@ -28,8 +28,8 @@ func TestBadOptionsAreNamed(t *testing.T) {
 		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: 2 * time.Second}, "Margin must leave at least 200ms of TTL"},
 		{Options{Prefix: "p", TTL: 2 * time.Second, Margin: time.Nanosecond}, "Margin must be at least 200ms"},
 		{Options{Prefix: "p", Margin: -time.Second}, "Margin must be > 0"},
-		{Options{Prefix: "/p/claims"}, `Prefix must not have a "members", "claims" or "names" element`},
-		{Options{Prefix: "/p/names"}, `got "/p/names"`},
+		{Options{Prefix: "/p/claims"}, `Prefix must not have a "members", "claims" or "name-sets" element`},
+		{Options{Prefix: "/p/name-sets"}, `got "/p/name-sets"`},
 		{Options{Prefix: "members/p"}, `got "members/p"`},
 		{Options{Prefix: "p", ID: "a/b"}, `ID must not contain "/"`},
 		{Options{Prefix: "p", ID: "web 1"}, `ID must not contain " "`},
@@ -95,7 +95,7 @@ func TestInvalidRegistrationIsRefused(t *testing.T) {
 // one. Before the check, a's claim "members/x" under "/p" read to the
 // group "/p/claims" as a member x.
 func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
-	elems := []string{"p", "q", "members", "claims", "names", "claim", "m", ""}
+	elems := []string{"p", "q", "members", "claims", "name-sets", "names", "claim", "m", ""}
 	var prefixes []string
 	for _, a := range elems {
 		for _, b := range elems {
@@ -107,7 +107,7 @@ func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
 			}
 		}
 	}
-	ids := []string{"x", "members", "claims", "names"}
+	ids := []string{"x", "members", "claims", "name-sets"}
 	names := []string{"x", "members/x", "claims/x", "names/x", "/members/x", "p/members/x", "q/claims/claims/x", "q/names/x/d/0-of-1", ""}
 	for _, p1 := range prefixes {
 		k1 := keysOf(p1)

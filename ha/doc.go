@@ -47,7 +47,7 @@
 // the owner is chosen over all the members as above. While a live
 // member's digest differs, as during a rolling upgrade where old and new
 // versions register different names, each replica publishes its whole
-// set of names, compressed, in chunks under <Prefix>/names/<ID>/<digest>/
+// set of names, compressed, in chunks under <Prefix>/name-sets/<ID>/<digest>/
 // under its lease, and deletes them once every digest agrees again. The
 // owner of a name is then chosen, by the same rendezvous hash, or as the
 // oldest in [Leader] mode, among the live members that register it; a

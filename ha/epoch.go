@@ -60,7 +60,13 @@ type epoch struct {
 	// lease ("": none); publishing: a publishNames worker is out.
 	published  string
 	publishing bool
-	retryNames []string // names to reconcile when retry fires
+	// wanted is the set keepNameSet last wanted published, since
+	// wantedSince; publishLater wakes the loop when it may be. Owned by
+	// the loop.
+	wanted       string
+	wantedSince  time.Time
+	publishLater *time.Timer
+	retryNames   []string // names to reconcile when retry fires
 	// unblock fires when the earliest name waiting on a lease that ended
 	// early may be claimed (blockedLocked); nil: none waits.
 	unblock   *time.Timer
@@ -391,6 +397,9 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	}
 	if ep.unblock != nil {
 		ep.unblock.Stop()
+	}
+	if ep.publishLater != nil {
+		ep.publishLater.Stop()
 	}
 	ep.wg.Wait()
 	for name, s := range slots {

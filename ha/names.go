@@ -23,9 +23,10 @@ import (
 )
 
 // namesSegment is the key element after the Prefix under which a member
-// publishes its set of names: <Prefix>/names/<ID>/<digest>/<i>-of-<n>.
+// publishes its set of names: <Prefix>/name-sets/<ID>/<digest>/<i>-of-<n>.
+// A word no Prefix is likely to hold as an element, as a Prefix may not.
 // Reserved in a Prefix like membersSegment and claimsSegment.
-const namesSegment = "names"
+const namesSegment = "name-sets"
 
 // digestString returns the digest of the names registered here.
 func (r *Replica) digestString() string {
@@ -87,9 +88,12 @@ func parseMemberValue(id, v string) (digest string, leaving bool) {
 // nameSet is a set of names a member published, as the view has it: its
 // chunks until they have all come, then the names.
 type nameSet struct {
-	chunks [][]byte            // by index; nil once names is set
+	// chunks by index, kept once complete: a chunk deleted (the old lease
+	// of a replica that wrote them again under a new one) makes the set
+	// incomplete, and the chunk written again completes it anew.
+	chunks [][]byte
 	have   int                 // chunks present
-	names  map[string]struct{} // nil until complete
+	names  map[string]struct{} // nil while incomplete
 }
 
 // maxChunk bounds the bytes of one published chunk, well under etcd's
@@ -173,15 +177,15 @@ func (r *Replica) putChunkLocked(rest string, value []byte) {
 		s = &nameSet{chunks: make([][]byte, n)}
 		r.sets[k] = s
 	}
-	if s.names != nil || len(s.chunks) != n {
-		return // complete already (a chunk written again), or another split: ignored
+	if len(s.chunks) != n {
+		return // another split of the same digest: ignored
 	}
 	if s.chunks[i] == nil {
 		s.have++
 	}
 	s.chunks[i] = value
-	if s.have < n {
-		return
+	if s.have < n || s.names != nil {
+		return // incomplete, or a chunk written again into a complete set
 	}
 	names, err := decodeNames(s.chunks)
 	if err != nil {
@@ -189,24 +193,34 @@ func (r *Replica) putChunkLocked(rest string, value []byte) {
 		delete(r.sets, k)
 		return
 	}
-	s.names, s.chunks = names, nil
+	s.names = names
 	r.membershipChangedLocked()
 }
 
-// deleteChunkLocked drops the set a deleted chunk belonged to: a member
-// withdraws a set whole (or its lease takes it), so one chunk gone means
-// the set is going.
+// deleteChunkLocked takes a deleted chunk out of its set, which is then
+// incomplete until the chunk is written again: a member withdraws a set
+// whole (or its lease takes it), and a replica whose fence passed writes
+// its set again under its new lease while its old lease, revoked, takes
+// the chunks not written again yet. Dropping the whole set there would
+// leave it incomplete for good. A set with no chunk left is forgotten.
 func (r *Replica) deleteChunkLocked(rest string) {
-	id, digest, _, _, ok := parseChunkKey(rest)
+	id, digest, i, n, ok := parseChunkKey(rest)
 	if !ok {
 		return
 	}
 	k := id + "/" + digest
-	if s := r.sets[k]; s != nil {
+	s := r.sets[k]
+	if s == nil || len(s.chunks) != n || s.chunks[i] == nil {
+		return
+	}
+	s.chunks[i] = nil
+	s.have--
+	if s.names != nil {
+		s.names = nil
+		r.membershipChangedLocked()
+	}
+	if s.have == 0 {
 		delete(r.sets, k)
-		if s.names != nil {
-			r.membershipChangedLocked()
-		}
 	}
 }
 
@@ -373,6 +387,11 @@ func (r *Replica) writeDigest(ep *epoch, d string) {
 	}
 }
 
+// publishAfter is how long a difference between digests must last before
+// this replica publishes its set: a keepalive period, (TTL − Margin)/4,
+// 375ms at TTL 2s and Margin 500ms, 1.875s at the defaults.
+func (r *Replica) publishAfter() time.Duration { return r.opts.keepAliveEvery() }
+
 // keepNameSet publishes this replica's set of names, under the epoch's
 // lease, while a live member's digest differs from its own, and deletes
 // it once none does. One worker at a time; a set published for a digest
@@ -395,6 +414,22 @@ func (r *Replica) keepNameSet(ep *epoch) {
 		}
 	}
 	r.mu.Unlock()
+	if want != ep.wanted {
+		ep.wanted, ep.wantedSince = want, time.Now()
+	}
+	if start && want != "" {
+		// Published only once the difference has lasted publishAfter:
+		// replicas that register a name a moment apart (names that come
+		// from watched objects) differ for that moment, and publishing
+		// every set then would cost every replica its whole set for each
+		// name added. A withdrawal is not held back.
+		if wait := time.Until(ep.wantedSince.Add(r.publishAfter())); wait > 0 {
+			if ep.publishLater == nil {
+				ep.publishLater = time.NewTimer(wait)
+			}
+			return
+		}
+	}
 	if start {
 		ep.publishing = true
 		ep.wg.Add(1)

@@ -83,7 +83,7 @@ func TestNamesRoundTrip(t *testing.T) {
 func TestChunkKey(t *testing.T) {
 	k := keysOf("/svc")
 	key := k.chunkKey("r0", "ab", 2, 3)
-	if key != "/svc/names/r0/ab/2-of-3" {
+	if key != "/svc/name-sets/r0/ab/2-of-3" {
 		t.Errorf("chunkKey: %s", key)
 	}
 	id, d, i, n, ok := parseChunkKey(key[len(k.names):])

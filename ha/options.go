@@ -48,8 +48,8 @@ type Options struct {
 	// Prefix is the etcd key prefix the replicas of one service share.
 	// Members live under Prefix+"/members/", claims under
 	// Prefix+"/claims/", the sets of names members publish during a
-	// rolling upgrade under Prefix+"/names/". Required. A trailing "/" is
-	// dropped. It must not have "members", "claims" or "names" as an
+	// rolling upgrade under Prefix+"/name-sets/". Required. A trailing "/" is
+	// dropped. It must not have "members", "claims" or "name-sets" as an
 	// element ("/svc/claims" is refused), so that one group's keys never
 	// read as another's.
 	Prefix string

@@ -57,9 +57,12 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		r.reconcile(ep)
 		r.keepMemberKey(ep)
 		r.keepDigest(ep)
-		var retry, settled, unblocked <-chan time.Time
+		var retry, settled, unblocked, publish <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
+		}
+		if ep.publishLater != nil {
+			publish = ep.publishLater.C
 		}
 		if ep.unblock != nil {
 			unblocked = ep.unblock.C
@@ -99,6 +102,8 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 			r.handed = nil
 			r.allDirty = true
 			r.mu.Unlock()
+		case <-publish:
+			ep.publishLater = nil // keepNameSet, at the top, publishes if still wanted
 		case <-unblocked:
 			ep.unblock = nil
 			r.mu.Lock()

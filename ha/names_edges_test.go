@@ -1,5 +1,6 @@
-// Review wave 25: rolling upgrades and published sets of names. Failing
-// tests for the findings of the hostile review.
+// Published sets of names at their edges: a set republished while the old
+// lease goes, names registered at run time, and the Prefixes a service
+// may use.
 
 package ha
 
@@ -77,14 +78,14 @@ func (h *reorderer) unary(ctx context.Context, method string, req, reply any, cc
 		return err
 	case method == "/etcdserverpb.KV/Put":
 		key := string(req.(*etcdserverpb.PutRequest).Key)
-		if strings.Contains(key, "/names/") && strings.HasSuffix(key, "/0-of-2") {
+		if strings.Contains(key, "/name-sets/") && strings.HasSuffix(key, "/0-of-2") {
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			if err == nil {
 				h.once0.Do(func() { close(h.chunk0Put) })
 			}
 			return err
 		}
-		if strings.Contains(key, "/names/") && strings.HasSuffix(key, "/1-of-2") {
+		if strings.Contains(key, "/name-sets/") && strings.HasSuffix(key, "/1-of-2") {
 			select { // chunk 1 goes after the revocation
 			case <-h.revoked:
 			case <-ctx.Done():
@@ -159,7 +160,7 @@ func (c *cluster) nodeWithHook(id string, h *reorderer) *node {
 // lease lives on), and the revocation is held until chunk 0 is put, as a
 // revocation retried after a slow or leaderless endpoint is. Fails every
 // run: the extra names hashed to x stay unplaced.
-func TestReview25ChunkedSetLostWhenOldLeaseRevokedMidPublish(t *testing.T) {
+func TestChunkedSetSurvivesOldLeaseRevokedMidPublish(t *testing.T) {
 	opts := testOptions()
 	c := newCluster(t, 0, opts)
 	common := bigNames(160, 6000, 1)
@@ -266,7 +267,7 @@ wait:
 // replicas' connections per name added (a claim, a digest rewrite per
 // replica, their watch events: a few KB), fails every run by two orders
 // of magnitude; at 100,000 names the cost is five times as large.
-func TestReview25RuntimeRegistrationRepublishesWholeSets(t *testing.T) {
+func TestRuntimeRegistrationPublishesNoWholeSets(t *testing.T) {
 	const n, added = 20000, 10
 	opts := testOptions()
 	opts.TTL, opts.Margin = 4*time.Second, time.Second // 20,000 names under -race on two busy cores
@@ -344,7 +345,7 @@ func TestReview25RuntimeRegistrationRepublishesWholeSets(t *testing.T) {
 // P+"/names"; it could be refused only where it occurs, or the sets kept
 // under a segment that was already reserved (Prefix+"/members/…" is
 // parsed by ID, which cannot contain "/"). Fails every run.
-func TestReview25PrefixValidInThePreviousReleaseIsRefused(t *testing.T) {
+func TestNaturalPrefixesAreAccepted(t *testing.T) {
 	for _, prefix := range []string{"/dns/names", "/registry/names/controllers", "/svc/claims-v2"} {
 		_, err := New(&clientv3.Client{}, Options{Prefix: prefix, ID: "web-0"})
 		if err != nil {
