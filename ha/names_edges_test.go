@@ -142,7 +142,7 @@ func (c *cluster) nodeWithHook(id string, h *reorderer) *node {
 	return n
 }
 
-// FINDING 1. A set of names published in more than one chunk (about 1 MB
+// A set of names published in more than one chunk (about 1 MB
 // of names deflated: 100,000 realistic names) is republished under the
 // new lease after a fence pass, to the same keys, while the new epoch
 // revokes the old lease (revokeOld) concurrently. When the revocation
@@ -158,7 +158,7 @@ func (c *cluster) nodeWithHook(id string, h *reorderer) *node {
 // Here the old replica x (common names only) passes its fence because the
 // answers to its keepalives are held (the server renewed them: the old
 // lease lives on), and the revocation is held until chunk 0 is put, as a
-// revocation retried after a slow or leaderless endpoint is. Fails every
+// revocation retried after a slow or leaderless endpoint is. Before the fix it failed every
 // run: the extra names hashed to x stay unplaced.
 func TestChunkedSetSurvivesOldLeaseRevokedMidPublish(t *testing.T) {
 	opts := testOptions()
@@ -252,7 +252,7 @@ wait:
 	c.rec.assertNoOverlap(t)
 }
 
-// FINDING 2. A service whose names come and go at run time (one per
+// A service whose names come and go at run time (one per
 // tenant, per object it watches) registers each new name on every replica
 // a few milliseconds apart. In each such window the replicas' digests
 // differ, and every replica publishes its whole set of names, then
@@ -265,7 +265,7 @@ wait:
 // Three replicas of 20,000 names; 10 names are added, each on r0, r1 and
 // r2 20ms apart, 500ms between names. The bound, 64 KB through the
 // replicas' connections per name added (a claim, a digest rewrite per
-// replica, their watch events: a few KB), fails every run by two orders
+// replica, their watch events: a few KB), failed every run, by two orders
 // of magnitude; at 100,000 names the cost is five times as large.
 func TestRuntimeRegistrationPublishesNoWholeSets(t *testing.T) {
 	const n, added = 20000, 10
@@ -337,14 +337,11 @@ func TestRuntimeRegistrationPublishesNoWholeSets(t *testing.T) {
 	c.rec.assertNoOverlap(t)
 }
 
-// FINDING 3. Options.Prefix now refuses a "names" element. A Prefix the
-// previous release accepted ("/dns/names", "/registry/names/ctl") is
-// refused by New, so every replica of the new version fails to start in
-// a rolling upgrade of such a service: the upgrade that this wave makes
-// safe cannot begin. The collision it prevents needs two groups, P and
-// P+"/names"; it could be refused only where it occurs, or the sets kept
-// under a segment that was already reserved (Prefix+"/members/…" is
-// parsed by ID, which cannot contain "/"). Fails every run.
+// Prefixes a service would choose are accepted: a "names" element (the
+// sets of names once lived under it, and "/dns/names" was refused, so a
+// rolling upgrade of such a service could not begin) or a "claims-v2" one.
+// Only the elements the keys use, members, claims and name-sets, are
+// refused (TestGroupsNeverSeeEachOthersKeys).
 func TestNaturalPrefixesAreAccepted(t *testing.T) {
 	for _, prefix := range []string{"/dns/names", "/registry/names/controllers", "/svc/claims-v2"} {
 		_, err := New(&clientv3.Client{}, Options{Prefix: prefix, ID: "web-0"})
