@@ -234,11 +234,11 @@ func TestReplicaIsForbiddenBeyondItsLeases(t *testing.T) {
 			_, err := c.replica.CoreV1().ConfigMaps(otherNamespace).Get(ctx, "settings", metav1.GetOptions{})
 			return err
 		}},
-		{"get a ConfigMap of its own namespace", func() error {
+		{"get a ConfigMap of their own namespace", func() error {
 			_, err := c.replica.CoreV1().ConfigMaps(replicaNamespace).Get(ctx, "settings", metav1.GetOptions{})
 			return err
 		}},
-		{"patch its own Lease", func() error {
+		{"patch their own Lease", func() error {
 			_, err := c.replica.CoordinationV1().Leases(replicaNamespace).Patch(ctx, ours.Name,
 				types.MergePatchType, []byte(`{"spec":{"holderIdentity":"patched"}}`), metav1.PatchOptions{})
 			return err
