@@ -1,0 +1,265 @@
+// The kube-apiserver the tests run against: a pinned Kubernetes release
+// built from the Go module proxy (k8s.io/kubernetes, with its staging
+// modules at their published versions), cached per release, and started
+// with RBAC and static tokens for an administrator and for the replicas.
+
+package kube
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// currentKube is the Kubernetes release the tests run against by default.
+const currentKube = "v1.36.3"
+
+var kubeVersion = flag.String("kube.version", "", "the Kubernetes release whose kube-apiserver to test against, e.g. "+currentKube+"; built from the Go module proxy into the user cache directory once (default: $"+kubeVersionEnv+", else "+currentKube+")")
+
+// kubeVersionEnv names the release to test against when -kube.version is
+// not given.
+const kubeVersionEnv = "HA_KUBE_VERSION"
+
+var kubeReleasePattern = regexp.MustCompile(`^v1\.([0-9]+)\.[0-9]+$`)
+
+// wantedKube returns the release -kube.version, $HA_KUBE_VERSION or
+// currentKube names, checked: the build maps v1.N.P to the staging modules'
+// v0.N.P, so only a v1 release will do.
+func wantedKube() (string, error) {
+	release, from := *kubeVersion, "-kube.version"
+	if release == "" {
+		release, from = os.Getenv(kubeVersionEnv), "$"+kubeVersionEnv
+	}
+	if release == "" {
+		return currentKube, nil
+	}
+	if !kubeReleasePattern.MatchString(release) {
+		return "", fmt.Errorf("%s=%q: want a Kubernetes release such as %s", from, release, currentKube)
+	}
+	return release, nil
+}
+
+// apiServerBinary returns the cached kube-apiserver of release, built
+// first if need be.
+func apiServerBinary(release string) (string, error) {
+	return cachedBinary("kube-apiserver", release, apiServerRelease, func(ctx context.Context, tmp, out string) error {
+		return buildAPIServer(ctx, release, tmp, out)
+	})
+}
+
+// apiServerRelease returns the release the kube-apiserver at bin reports,
+// "v1.36.3".
+func apiServerRelease(bin string) (string, error) {
+	return versionLine(bin, "Kubernetes ")
+}
+
+// stagingReplace matches the lines of k8s.io/kubernetes's go.mod that point
+// a module at its staging directory: inside the repository the staging
+// modules are built from there, and a build of k8s.io/kubernetes as a
+// dependency must replace each with its published version instead.
+var stagingReplace = regexp.MustCompile(`(?m)^\s*(?:replace\s+)?(\S+)\s+=>\s+\./staging/`)
+
+// buildAPIServer builds kube-apiserver release into out, in a module of
+// its own in tmp. The version is stamped the way Kubernetes' own release
+// builds stamp it, so that --version and /version report release.
+func buildAPIServer(ctx context.Context, release, tmp, out string) error {
+	if _, err := goIn(ctx, tmp, "mod", "init", "kube-apiserver-for-ha-kube-tests"); err != nil {
+		return err
+	}
+	info, err := goIn(ctx, tmp, "mod", "download", "-json", "k8s.io/kubernetes@"+release)
+	if err != nil {
+		return err
+	}
+	var dl struct{ GoMod, Error string }
+	if err := json.Unmarshal(info, &dl); err != nil {
+		return fmt.Errorf("go mod download -json: %w", err)
+	}
+	if dl.Error != "" {
+		return errors.New(dl.Error)
+	}
+	kubeMod, err := os.ReadFile(dl.GoMod)
+	if err != nil {
+		return err
+	}
+	m := kubeReleasePattern.FindStringSubmatch(release)
+	minor := m[1]
+	stagingVersion := "v0." + strings.TrimPrefix(release, "v1.")
+	edit := []string{"mod", "edit", "-require=k8s.io/kubernetes@" + release}
+	for _, sm := range stagingReplace.FindAllStringSubmatch(string(kubeMod), -1) {
+		edit = append(edit, "-replace="+sm[1]+"="+sm[1]+"@"+stagingVersion)
+	}
+	if len(edit) == 3 {
+		return fmt.Errorf("k8s.io/kubernetes@%s's go.mod points no module at ./staging", release)
+	}
+	if _, err := goIn(ctx, tmp, edit...); err != nil {
+		return err
+	}
+	const main = `package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
+`
+	if err := os.WriteFile(filepath.Join(tmp, "main.go"), []byte(main), 0o644); err != nil {
+		return err
+	}
+	if _, err := goIn(ctx, tmp, "mod", "tidy"); err != nil {
+		return err
+	}
+	const v = "k8s.io/component-base/version."
+	ldflags := "-X " + v + "gitVersion=" + release + " -X " + v + "gitMajor=1 -X " + v + "gitMinor=" + minor + " -X " + v + "gitTreeState=clean"
+	_, err = goIn(ctx, tmp, "build", "-trimpath", "-ldflags", ldflags, "-o", out, ".")
+	return err
+}
+
+// apiServer is a running kube-apiserver.
+type apiServer struct {
+	url          string // https://127.0.0.1:<port>
+	caFile       string // the CA of its self-signed serving certificate
+	adminToken   string // user admin, group system:masters
+	replicaToken string // the ServiceAccount of deploy/rbac.yaml
+	proc         *process
+}
+
+// The replicas' identity: the username and groups Kubernetes gives a pod
+// that runs as the ServiceAccount my-service of namespace my-service, the
+// subject deploy/rbac.yaml binds. A static token stands in for the
+// ServiceAccount's own token, which needs a controller-manager to issue.
+const (
+	replicaNamespace = "my-service"
+	replicaUser      = "system:serviceaccount:" + replicaNamespace + ":my-service"
+	replicaGroups    = "system:serviceaccounts,system:serviceaccounts:" + replicaNamespace
+)
+
+// startAPIServer starts the kube-apiserver at bin against the etcd at
+// etcdURL, with its files in dir, and returns once it is ready and
+// reports release.
+func startAPIServer(bin, release, etcdURL, dir string) (*apiServer, error) {
+	saKey, err := writeRSAKey(filepath.Join(dir, "service-account.key"))
+	if err != nil {
+		return nil, err
+	}
+	s := &apiServer{adminToken: randomToken(), replicaToken: randomToken()}
+	tokens := filepath.Join(dir, "tokens.csv") // token,user,uid,"group,..."
+	csv := fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,%s,replica,\"%s\"\n", s.adminToken, s.replicaToken, replicaUser, replicaGroups)
+	if err := os.WriteFile(tokens, []byte(csv), 0o600); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	certDir := filepath.Join(dir, "certs")
+	s.url = fmt.Sprintf("https://127.0.0.1:%d", port)
+	s.caFile = filepath.Join(certDir, "apiserver.crt") // the serving certificate and its CA, written at start
+	s.proc, err = startProcess(bin, filepath.Join(dir, "kube-apiserver.log"), "",
+		"--etcd-servers", etcdURL,
+		"--cert-dir", certDir,
+		"--secure-port", fmt.Sprint(port),
+		"--bind-address", "127.0.0.1",
+		"--advertise-address", "127.0.0.1",
+		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-key-file", saKey,
+		"--service-account-signing-key-file", saKey,
+		"--authorization-mode", "Node,RBAC",
+		"--token-auth-file", tokens,
+		"--service-cluster-ip-range", "10.0.0.0/24")
+	if err != nil {
+		return nil, err
+	}
+	var version struct{ GitVersion string }
+	var hc *http.Client
+	err = s.proc.waitFor(60*time.Second, func() error {
+		if hc == nil {
+			// The certificate is there once the server listens.
+			c, err := s.httpClient()
+			if err != nil {
+				return err
+			}
+			hc = c
+		}
+		if err := s.getAsAdmin(hc, "/readyz", nil); err != nil {
+			return err
+		}
+		return s.getAsAdmin(hc, "/version", &version)
+	})
+	if hc != nil {
+		hc.CloseIdleConnections()
+	}
+	if err == nil && version.GitVersion != release {
+		err = fmt.Errorf("%s serves Kubernetes %s, not %s", bin, version.GitVersion, release)
+	}
+	if err != nil {
+		s.proc.stop()
+		return nil, fmt.Errorf("kube-apiserver: %w", err)
+	}
+	return s, nil
+}
+
+// httpClient returns a client that trusts the server's CA alone.
+func (s *apiServer) httpClient() (*http.Client, error) {
+	ca, err := os.ReadFile(s.caFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("no certificate in %s", s.caFile)
+	}
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
+}
+
+// getAsAdmin GETs path with the administrator's token and decodes the
+// JSON answer into v when it is not nil.
+func (s *apiServer) getAsAdmin(hc *http.Client, path string, v any) error {
+	req, err := http.NewRequest(http.MethodGet, s.url+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.adminToken)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	if v == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// writeRSAKey writes a new RSA key to path in PEM, for the server to sign
+// and check ServiceAccount tokens with, and returns path.
+func writeRSAKey(path string) (string, error) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return "", err
+	}
+	block := &pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}
+	return path, os.WriteFile(path, pem.EncodeToMemory(block), 0o600)
+}
+
+func randomToken() string { return rand.Text() }

@@ -1,0 +1,97 @@
+// The etcd the kube-apiserver stores into: built and cached as ha's tests
+// build theirs, at the same path, so both modules' tests share one binary
+// per release.
+
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"time"
+)
+
+var etcdVersion = flag.String("kube.etcd", "v3.7.3", "the etcd release the kube-apiserver stores into; built from the Go module proxy into the user cache directory once")
+
+// etcdBinary returns the cached etcd of release, built first if need be.
+func etcdBinary(release string) (string, error) {
+	return cachedBinary("etcd", release, etcdRelease, func(ctx context.Context, tmp, out string) error {
+		for _, args := range [][]string{
+			{"mod", "init", "etcd-for-ha-tests"},
+			{"get", "go.etcd.io/etcd/server/v3@" + release},
+			{"build", "-trimpath", "-o", out, "go.etcd.io/etcd/server/v3"},
+		} {
+			if _, err := goIn(ctx, tmp, args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// etcdRelease returns the release the etcd at bin reports, "v3.7.3".
+func etcdRelease(bin string) (string, error) {
+	v, err := versionLine(bin, "etcd Version:")
+	return "v" + v, err
+}
+
+// startEtcd starts the etcd at bin with its data and log in dir, and
+// returns its client URL once it is healthy and reports release.
+func startEtcd(bin, release, dir string) (string, *process, error) {
+	cport, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	pport, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", cport)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", pport)
+	p, err := startProcess(bin, filepath.Join(dir, "etcd.log"), "ETCD_", // etcd reads ETCD_* as flags
+		"--name", "kube-test",
+		"--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "kube-test="+peer,
+		"--log-level", "warn", "--logger", "zap")
+	if err != nil {
+		return "", nil, err
+	}
+	hc := &http.Client{Timeout: time.Second}
+	defer hc.CloseIdleConnections()
+	var version struct{ Etcdserver string }
+	err = p.waitFor(15*time.Second, func() error {
+		var health struct{ Health string }
+		if err := getJSON(hc, client+"/health", &health); err != nil {
+			return err
+		}
+		if health.Health != "true" {
+			return fmt.Errorf("etcd reports health %q", health.Health)
+		}
+		return getJSON(hc, client+"/version", &version)
+	})
+	if err == nil && "v"+version.Etcdserver != release {
+		err = fmt.Errorf("%s serves etcd %s, not %s", bin, version.Etcdserver, release)
+	}
+	if err != nil {
+		p.stop()
+		return "", nil, fmt.Errorf("etcd: %w", err)
+	}
+	return client, p, nil
+}
+
+func getJSON(hc *http.Client, url string, v any) error {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

@@ -1,0 +1,262 @@
+// deploy/rbac.yaml applied as it is, and what it lets the replicas do and
+// refuses them, asked of the server that enforces it.
+
+package kube
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+const manifest = "deploy/rbac.yaml"
+
+// leaseVerbs is what the replicas may do with the Leases of their
+// namespace, and all they may do.
+var leaseVerbs = []string{"get", "list", "watch", "create", "update", "delete"}
+
+// readManifest decodes every object of deploy/rbac.yaml.
+func readManifest(t testing.TB) []runtime.Object {
+	t.Helper()
+	b, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", manifest, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", manifest, err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+// applyManifest makes the replicas' namespace and applies deploy/rbac.yaml
+// in it as the administrator, creating each object or updating it to the
+// file (the tests run several times against one server), then waits until
+// the server's authorizer, which learns of RBAC objects by watching them,
+// lets the replicas create Leases.
+func applyManifest(t testing.TB, c *cluster) {
+	t.Helper()
+	ctx := t.Context()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: replicaNamespace}}
+	if err := apply(ctx, c.admin.CoreV1().Namespaces(), ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range readManifest(t) {
+		var err error
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			err = apply(ctx, c.admin.CoreV1().ServiceAccounts(o.Namespace), o)
+		case *rbacv1.Role:
+			err = apply(ctx, c.admin.RbacV1().Roles(o.Namespace), o)
+		case *rbacv1.RoleBinding:
+			err = apply(ctx, c.admin.RbacV1().RoleBindings(o.Namespace), o)
+		default:
+			t.Fatalf("%s holds a %T, which the tests do not apply", manifest, obj)
+		}
+		if err != nil {
+			t.Fatalf("applying %s: %v", manifest, err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !replicaMay(t, "create", coordinationv1.SchemeGroupVersion.Group, "leases", replicaNamespace) {
+		if time.Now().After(deadline) {
+			t.Fatal("10s after applying the manifest, the replicas still may not create Leases")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// objectClient is what apply needs of a typed client.
+type objectClient[T metav1.Object] interface {
+	Create(context.Context, T, metav1.CreateOptions) (T, error)
+	Get(context.Context, string, metav1.GetOptions) (T, error)
+	Update(context.Context, T, metav1.UpdateOptions) (T, error)
+}
+
+// apply creates obj, or updates the object of its name to it.
+func apply[T metav1.Object](ctx context.Context, client objectClient[T], obj T) error {
+	_, err := client.Create(ctx, obj, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	cur, err := client.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	obj.SetResourceVersion(cur.GetResourceVersion())
+	_, err = client.Update(ctx, obj, metav1.UpdateOptions{})
+	return err
+}
+
+// replicaMay asks the server, as the replicas, whether they may do verb
+// to resource of group in namespace.
+func replicaMay(t testing.TB, verb, group, resource, namespace string) bool {
+	t.Helper()
+	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: verb, Group: group, Resource: resource},
+	}}
+	got, err := needCluster(t).replica.AuthorizationV1().SelfSubjectAccessReviews().Create(t.Context(), review, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("asking whether the replicas may %s %s in %q: %v", verb, resource, namespace, err)
+	}
+	return got.Status.Allowed
+}
+
+// The manifest grants the replicas exactly the Lease verbs the backend
+// uses, in their namespace, to their ServiceAccount; and the server, once
+// it is applied, agrees.
+func TestManifestGrantsTheReplicasTheirLeasesAlone(t *testing.T) {
+	c := needCluster(t)
+	var role *rbacv1.Role
+	var binding *rbacv1.RoleBinding
+	for _, obj := range readManifest(t) {
+		switch o := obj.(type) {
+		case *rbacv1.Role:
+			role = o
+		case *rbacv1.RoleBinding:
+			binding = o
+		}
+	}
+	if role == nil || binding == nil {
+		t.Fatalf("%s: want a Role and a RoleBinding", manifest)
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: leaseVerbs}}
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, want[0].APIGroups) ||
+		!slices.Equal(role.Rules[0].Resources, want[0].Resources) || !slices.Equal(role.Rules[0].Verbs, want[0].Verbs) ||
+		len(role.Rules[0].ResourceNames) != 0 {
+		t.Errorf("%s: the Role's rules are %+v, want %+v", manifest, role.Rules, want)
+	}
+	if binding.RoleRef.Kind != "Role" || binding.RoleRef.Name != role.Name || binding.Namespace != role.Namespace {
+		t.Errorf("%s: the RoleBinding refers to %+v in %q, not the Role %q in %q", manifest, binding.RoleRef, binding.Namespace, role.Name, role.Namespace)
+	}
+
+	applyManifest(t, c)
+	for _, verb := range leaseVerbs {
+		if !replicaMay(t, verb, "coordination.k8s.io", "leases", replicaNamespace) {
+			t.Errorf("the replicas may not %s Leases in %q", verb, replicaNamespace)
+		}
+	}
+	for _, denied := range []struct{ verb, group, resource, namespace string }{
+		{"patch", "coordination.k8s.io", "leases", replicaNamespace},
+		{"deletecollection", "coordination.k8s.io", "leases", replicaNamespace},
+		{"get", "coordination.k8s.io", "leases", otherNamespace},
+		{"get", "", "configmaps", replicaNamespace},
+		{"get", "", "secrets", replicaNamespace},
+		{"list", "", "pods", replicaNamespace},
+	} {
+		if replicaMay(t, denied.verb, denied.group, denied.resource, denied.namespace) {
+			t.Errorf("the replicas may %s %s in %q", denied.verb, denied.resource, denied.namespace)
+		}
+	}
+}
+
+// otherNamespace is another service's: the replicas may read nothing of it.
+const otherNamespace = "other-service"
+
+// Beyond the Leases of their namespace the server refuses the replicas:
+// another namespace's Leases and ConfigMaps, their own namespace's
+// ConfigMaps, and a patch of their own Leases.
+func TestReplicaIsForbiddenBeyondItsLeases(t *testing.T) {
+	c := needCluster(t)
+	applyManifest(t, c)
+	ctx := t.Context()
+	if err := apply(ctx, c.admin.CoreV1().Namespaces(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: otherNamespace}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{otherNamespace, replicaNamespace} {
+		if err := apply(ctx, c.admin.CoreV1().ConfigMaps(ns), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"k": "v"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	theirs := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "theirs"}}
+	if err := apply(ctx, c.admin.CoordinationV1().Leases(otherNamespace), theirs); err != nil {
+		t.Fatal(err)
+	}
+	ours, err := c.replica.CoordinationV1().Leases(replicaNamespace).Create(ctx,
+		&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{GenerateName: "forbidden-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the replicas cannot create a Lease in their namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.admin.CoordinationV1().Leases(replicaNamespace).Delete(context.Background(), ours.Name, metav1.DeleteOptions{})
+	})
+
+	for _, tc := range []struct {
+		what string
+		do   func() error
+	}{
+		{"get a Lease of another namespace", func() error {
+			_, err := c.replica.CoordinationV1().Leases(otherNamespace).Get(ctx, "theirs", metav1.GetOptions{})
+			return err
+		}},
+		{"list the Leases of another namespace", func() error {
+			_, err := c.replica.CoordinationV1().Leases(otherNamespace).List(ctx, metav1.ListOptions{})
+			return err
+		}},
+		{"create a Lease in another namespace", func() error {
+			_, err := c.replica.CoordinationV1().Leases(otherNamespace).Create(ctx,
+				&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "intruder"}}, metav1.CreateOptions{})
+			return err
+		}},
+		{"get a ConfigMap of another namespace", func() error {
+			_, err := c.replica.CoreV1().ConfigMaps(otherNamespace).Get(ctx, "settings", metav1.GetOptions{})
+			return err
+		}},
+		{"get a ConfigMap of their own namespace", func() error {
+			_, err := c.replica.CoreV1().ConfigMaps(replicaNamespace).Get(ctx, "settings", metav1.GetOptions{})
+			return err
+		}},
+		{"patch their own Lease", func() error {
+			_, err := c.replica.CoordinationV1().Leases(replicaNamespace).Patch(ctx, ours.Name,
+				types.MergePatchType, []byte(`{"spec":{"holderIdentity":"patched"}}`), metav1.PatchOptions{})
+			return err
+		}},
+	} {
+		if err := tc.do(); !apierrors.IsForbidden(err) {
+			t.Errorf("the replicas %s: got %v, want Forbidden", tc.what, err)
+		}
+	}
+	// The refusals changed nothing.
+	got, err := c.admin.CoordinationV1().Leases(replicaNamespace).Get(ctx, ours.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.HolderIdentity != nil {
+		t.Errorf("the refused patch set holderIdentity %q", *got.Spec.HolderIdentity)
+	}
+	if _, err := c.admin.CoordinationV1().Leases(otherNamespace).Get(ctx, "intruder", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused create in %q: getting its Lease: %v, want NotFound", otherNamespace, err)
+	}
+}
