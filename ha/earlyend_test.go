@@ -288,7 +288,7 @@ func TestRevokeLateInACutOffHoldersTTLWaitsForItsCode(t *testing.T) {
 	lingers := c.opts.Margin * 9 / 10 // slowParams
 	watchers := []*node{c.nodes["r1"], c.nodes["r2"]}
 	tried := 0
-	for attempt := 0; attempt < 16 && tried < 6; attempt++ {
+	for attempt := 0; attempt < 16 && tried < 4; attempt++ {
 		victim := c.nodes["r0"]
 		lease, _ := leaseOf(victim)
 		deadline := time.Now().Add(10 * time.Second)
