@@ -375,7 +375,7 @@ func TestObserverBehindWaitsForAnEarlyEnd(t *testing.T) {
 	admin := newClient(t, testEtcd)
 	defer admin.Close()
 	victim, late := c.nodes["r0"], c.nodes["r1"]
-	for round := range 3 {
+	for round := range 2 {
 		lease, _ := leaseOf(victim)
 		waitFor(t, "r1 to read r0's lease", func() bool { _, ok := readExpiry(late, lease); return ok })
 		// Cut r1 right after a keepalive extended its fence, so that

@@ -219,7 +219,7 @@ type collectorFunc func(chan<- prometheus.Metric)
 func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(f, ch) }
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
 
-var upgradeScheduleFor = flag.Duration("ha.upgradeschedule", 8*time.Second, "how long TestRandomUpgradeSchedule runs its schedule (CI: 30s)")
+var upgradeScheduleFor = flag.Duration("ha.upgradeschedule", 8*time.Second, "how long TestRandomUpgradeSchedule runs its schedule (CI: 20s)")
 
 // TestRandomUpgradeSchedule is TestRandomSchedule for a rolling upgrade:
 // replicas of version a (shared and a-only names) are replaced one at a
