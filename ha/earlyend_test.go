@@ -10,8 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,21 +174,6 @@ func TestRevokedLeaseOfACutOffReplicaWaitsItsFence(t *testing.T) {
 	victim.proxy.heal()
 }
 
-// infoCounter counts a test's Info lines that start with prefix.
-type infoCounter struct {
-	prefix string
-	n      atomic.Int64
-}
-
-func (c *infoCounter) Levels() []logrus.Level { return []logrus.Level{logrus.InfoLevel} }
-
-func (c *infoCounter) Fire(e *logrus.Entry) error {
-	if strings.HasPrefix(e.Message, c.prefix) {
-		c.n.Add(1)
-	}
-	return nil
-}
-
 // A member that stops renewing (cut off from etcd) shows as not renewing
 // in the others' Status, with the time since its last renewal growing,
 // well before its lease runs out, and they log it at Info, once; its
@@ -202,8 +185,8 @@ func TestAMemberThatStopsRenewingIsShown(t *testing.T) {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	l.SetLevel(logrus.InfoLevel)
-	stale := &infoCounter{prefix: `member "r0" has not renewed its lease`}
-	gone := &infoCounter{prefix: `member "r0" is gone`}
+	stale := &warnCounter{prefix: `member "r0" has not renewed its lease`, level: logrus.InfoLevel}
+	gone := &warnCounter{prefix: `member "r0" is gone`, level: logrus.InfoLevel}
 	l.AddHook(stale)
 	l.AddHook(gone)
 	c := newCluster(t, 3, opts)

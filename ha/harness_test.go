@@ -290,12 +290,20 @@ func quietLogger() logrus.FieldLogger {
 // test binary, for the measurements' reports.
 var fencesPassed = &warnCounter{prefix: "fence passed"}
 
+// warnCounter counts the log lines that start with prefix, at Warn, or at
+// level when it is set.
 type warnCounter struct {
 	prefix string
+	level  logrus.Level // 0 (Panic, never counted here): Warn
 	n      atomic.Int64
 }
 
-func (w *warnCounter) Levels() []logrus.Level { return []logrus.Level{logrus.WarnLevel} }
+func (w *warnCounter) Levels() []logrus.Level {
+	if w.level == 0 {
+		return []logrus.Level{logrus.WarnLevel}
+	}
+	return []logrus.Level{w.level}
+}
 
 func (w *warnCounter) Fire(e *logrus.Entry) error {
 	if strings.HasPrefix(e.Message, w.prefix) {
