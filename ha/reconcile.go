@@ -173,6 +173,10 @@ func (r *Replica) relist(ep *epoch) error {
 			r.claims[name] = c
 		}
 	}
+	// What went before the previous view is of no use any more: the
+	// comparison below records what went since (gateLocked), and the
+	// map does not grow with every member ever seen.
+	clear(r.gone)
 	r.gateLocked(prev, prevMembers, prevLeaving, r.heard)
 	for name := range before {
 		if _, held := r.claims[name]; !held && r.handed != nil {
