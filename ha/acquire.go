@@ -298,6 +298,13 @@ func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
 		case ours && ep.fence.open():
 			s.state = running
 			r.installLocked(c.name, s, p)
+			if cv, seen := r.claims[c.name]; !seen || cv.rev != c.rev {
+				// The watch may have brought the claim's creation and a
+				// deletion before this answer, and the reconcile since
+				// found the slot acquiring: look again, or the name runs
+				// without its claim (stepLocked releases it as lost).
+				r.dirty[c.name] = struct{}{}
+			}
 			r.log.Info("claimed: running here", controllerAttr(c.name), "revision", c.rev)
 			r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: c.name, Revision: c.rev})
 		case ours:
