@@ -228,7 +228,7 @@ func TestPlacementHandler(t *testing.T) {
 	want[alone] = "r0" // the only member registering it
 	c.waitPlacement(want, 10*time.Second)
 	delete(want, alone)
-	if _, err := cli.Delete(ctx, c.prefix+"/names/r1/", clientv3.WithPrefix()); err != nil {
+	if _, err := cli.Delete(ctx, keysOf(c.prefix).names+"r1/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
 	// r0's view settles after the placement: a claim another replica
