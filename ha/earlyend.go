@@ -53,8 +53,9 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 		r.log.Warn("the lease's keys were deleted together while it is renewed: etcd ended it early (a revoke, or a stale leader); stopping every controller here at once", "lease", leaseHex(ep.lease))
 		ep.fence.expire(errLeaseEnded)
 	}
+	var warned map[clientv3.LeaseID]bool
 	for name, c := range e.claims {
-		r.claimGoneLocked(name, c, now)
+		r.claimGoneLocked(name, c, now, &warned)
 	}
 	e.own = 0
 	clear(e.claims)
@@ -68,8 +69,10 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 // marked itself leaving, and when the holder is this replica (its
 // controllers of an ended epoch have all terminated). Otherwise the lease
 // ended, and the name waits until holdUntilLocked says the holder's code
-// has returned (rule 5).
-func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time) {
+// has returned (rule 5). An early end is logged once per lease among the
+// calls that share warned (the deletions of one revision, or one listing):
+// a scan of the quarantine per name would make a mass end quadratic.
+func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warned *map[clientv3.LeaseID]bool) {
 	if c.holder == r.opts.ID {
 		return
 	}
@@ -83,22 +86,15 @@ func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time) {
 	if !until.After(now) {
 		return
 	}
-	if _, ok := r.quarantine[name]; early && !ok && !r.quarantinedLease(c.lease) {
+	if early && !(*warned)[c.lease] {
+		if *warned == nil {
+			*warned = make(map[clientv3.LeaseID]bool)
+		}
+		(*warned)[c.lease] = true
 		r.log.Warn(fmt.Sprintf("member %q's lease ended on the server while it was being renewed (a revoke, or a stale etcd leader): its names wait until it joins again, or %v", c.holder, r.opts.TTL), "lease", leaseHex(c.lease))
 	}
 	r.quarantine[name] = quarantined{holder: c.holder, lease: c.lease, until: until}
 	r.dirty[name] = struct{}{}
-}
-
-// quarantinedLease reports whether a name is quarantined under lease l
-// already (for logging once per lease).
-func (r *Replica) quarantinedLease(l clientv3.LeaseID) bool {
-	for _, q := range r.quarantine {
-		if q.lease == l {
-			return true
-		}
-	}
-	return false
 }
 
 // holdUntilLocked returns until when the names of lease l, whose keys the
@@ -204,9 +200,10 @@ func (r *Replica) gateLocked(prevClaims map[string]claimView, prevMembers map[st
 		}
 		r.gates[id] = gate{lease: lease, until: until}
 	}
+	var warned map[clientv3.LeaseID]bool
 	for name, c := range prevClaims {
 		if _, held := r.claims[name]; !held {
-			r.claimGoneLocked(name, c, now)
+			r.claimGoneLocked(name, c, now, &warned)
 		}
 	}
 }
