@@ -413,15 +413,58 @@ func (c *cluster) newNodeVia(id string, addrs ...string) *node {
 	c.t.Helper()
 	n := &node{id: id, proxy: newProxy(c.t, addrs...)}
 	n.cli = newClient(c.t, n.proxy.addrs()...)
+	return c.addNode(n)
+}
+
+// addNode makes n's replica, under the cluster's prefix and options, on
+// n's client, and counts n among the cluster's nodes.
+func (c *cluster) addNode(n *node) *node {
+	c.t.Helper()
 	opts := c.opts
-	opts.Prefix, opts.ID = c.prefix, id
+	opts.Prefix, opts.ID = c.prefix, n.id
 	r, err := New(n.cli, opts)
 	if err != nil {
-		c.t.Fatalf("New(%s): %v", id, err)
+		c.t.Fatalf("New(%s): %v", n.id, err)
 	}
 	n.r = r
-	c.nodes[id] = n
+	c.nodes[n.id] = n
 	return n
+}
+
+// etcdRevision returns the store's current revision, as cli reads it: the
+// etcd writes between two readings.
+func etcdRevision(t testing.TB, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), "/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// registerTogether registers every name on each of nodes, all at once.
+func (c *cluster) registerTogether(nodes []*node) {
+	var wg sync.WaitGroup
+	for _, nd := range nodes {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.register(nd) }() // joined below
+	}
+	wg.Wait()
+}
+
+// joinTogether joins nodes all at once, as replicas started together do.
+func (c *cluster) joinTogether(nodes []*node) {
+	var wg sync.WaitGroup
+	for _, nd := range nodes {
+		wg.Add(1)
+		go func() { // joined below
+			defer wg.Done()
+			if err := nd.r.Join(context.Background()); err != nil {
+				c.t.Errorf("Join(%s): %v", nd.id, err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // forget drops a node that has stopped, closing its client and proxy.

@@ -131,15 +131,7 @@ func (c *cluster) nodeWithHook(id string, h *reorderer) *node {
 		c.t.Fatal(err)
 	}
 	n.cli = cli
-	opts := c.opts
-	opts.Prefix, opts.ID = c.prefix, id
-	r, err := New(n.cli, opts)
-	if err != nil {
-		c.t.Fatalf("New(%s): %v", id, err)
-	}
-	n.r = r
-	c.nodes[id] = n
-	return n
+	return c.addNode(n)
 }
 
 // A set of names published in more than one chunk (about 1 MB
@@ -295,13 +287,7 @@ func TestRuntimeRegistrationPublishesNoWholeSets(t *testing.T) {
 	time.Sleep(time.Second)
 	op := newClient(t, testEtcd)
 	defer op.Close()
-	revision := func() int64 {
-		resp, err := op.Get(context.Background(), "/none")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.Header.Revision
-	}
+	revision := func() int64 { return etcdRevision(t, op) }
 	traffic := func() (b int64) {
 		for _, nd := range nodes {
 			b += nd.proxy.bytes.Load()

@@ -114,25 +114,11 @@ func measureThreeReplicas(t *testing.T, n int) {
 	for _, id := range ids {
 		nodes = append(nodes, c.newNode(id))
 	}
-	var wg sync.WaitGroup
-	for _, nd := range nodes {
-		wg.Add(1)
-		go func() { defer wg.Done(); c.register(nd) }() // joined below
-	}
-	wg.Wait()
+	c.registerTogether(nodes)
 	w := c.watchEvents(nodes)
 	want := c.expected(ids)
 	start := time.Now()
-	for _, nd := range nodes {
-		wg.Add(1)
-		go func() { // joined below
-			defer wg.Done()
-			if err := nd.r.Join(context.Background()); err != nil {
-				t.Errorf("Join(%s): %v", nd.id, err)
-			}
-		}()
-	}
-	wg.Wait()
+	c.joinTogether(nodes)
 	converged := w.await(t, want, start, limit)
 	c.waitPlacement(want, limit) // and their DoFuncs all run
 	t.Logf("scale: %d names over 3 replicas (%d, %d, %d) all claimed %v after they joined together (Settle %v): %s",

@@ -7,7 +7,6 @@ package ha
 import (
 	"context"
 	"flag"
-	"sync"
 	"testing"
 	"time"
 )
@@ -40,35 +39,15 @@ func TestUpgradeScaleMeasurement(t *testing.T) {
 	for _, id := range ids {
 		nodes = append(nodes, c.newNode(id))
 	}
-	var wg sync.WaitGroup
-	for _, nd := range nodes {
-		wg.Add(1)
-		go func() { defer wg.Done(); c.register(nd) }() // joined below
-	}
-	wg.Wait()
+	c.registerTogether(nodes)
 	op := newClient(t, testEtcd)
 	defer op.Close()
-	revision := func() int64 {
-		resp, err := op.Get(context.Background(), "/none")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.Header.Revision
-	}
+	revision := func() int64 { return etcdRevision(t, op) }
 	rev0 := revision()
 	w := c.watchEvents(nodes)
 	want := c.expected(ids)
 	start := time.Now()
-	for _, nd := range nodes {
-		wg.Add(1)
-		go func() { // joined below
-			defer wg.Done()
-			if err := nd.r.Join(context.Background()); err != nil {
-				t.Errorf("Join(%s): %v", nd.id, err)
-			}
-		}()
-	}
-	wg.Wait()
+	c.joinTogether(nodes)
 	converged := w.await(t, want, start, 2*time.Minute)
 	c.waitPlacement(want, 2*time.Minute)
 	time.Sleep(3 * time.Second) // the steady state: keepalives, progress requests
