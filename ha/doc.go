@@ -53,7 +53,10 @@
 // oldest in [Leader] mode, among the live members that register it; a
 // member whose differing set has not come yet (or that runs a version
 // without a digest) counts as registering every name, as before, until it
-// has. So during an upgrade a name the new version added runs on a new
+// has. A replica reads such a member's set directly, at once and then
+// every half keepalive period, rather than wait for its watch, which a
+// join of a large group fills with the releases of the names that move.
+// So during an upgrade a name the new version added runs on a new
 // replica, a name it dropped on an old one, and a name nobody live
 // registers runs nowhere. A name registered here whose owner is not known
 // to register it is marked while it lasts: [NameStatus.OwnerUnconfirmed],

@@ -66,7 +66,14 @@ type epoch struct {
 	wanted       string
 	wantedSince  time.Time
 	publishLater *time.Timer
-	retryNames   []string // names to reconcile when retry fires
+	// fetching: a fetchNameSets worker is out. fetchAt is when the sets
+	// of the members not yet confirmed may next be read directly (zero:
+	// none is unconfirmed); fetchLater wakes the loop then. Owned by the
+	// loop.
+	fetching   bool
+	fetchAt    time.Time
+	fetchLater *time.Timer
+	retryNames []string // names to reconcile when retry fires
 	// unblock fires when the earliest name waiting on a lease that ended
 	// early may be claimed (blockedLocked); nil: none waits.
 	unblock   *time.Timer
@@ -400,6 +407,9 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	}
 	if ep.publishLater != nil {
 		ep.publishLater.Stop()
+	}
+	if ep.fetchLater != nil {
+		ep.fetchLater.Stop()
 	}
 	ep.wg.Wait()
 	for name, s := range slots {

@@ -28,16 +28,18 @@ const (
 	rewrote                      // the member key is ours again (ok) or held under another lease
 	redigested                   // the member key carries digest (ok), or was not under the lease
 	published                    // the set of names of digest is published ("": withdrawn)
+	fetched                      // the published sets of unconfirmed members, read directly
 )
 
 // result is a worker's report to the loop.
 type result struct {
 	kind   resultKind
-	name   string     // released
-	ok     bool       // rewrote: the member key is ours; redigested: it was written
-	digest string     // rewrote, redigested, published: the digest written
-	view   *claimView // rewrote and not ok: the member key found
-	claims []claimed  // acquired: the outcome of each name of the batch
+	name   string       // released
+	ok     bool         // rewrote: the member key is ours; redigested: it was written
+	digest string       // rewrote, redigested, published: the digest written
+	view   *claimView   // rewrote and not ok: the member key found
+	claims []claimed    // acquired: the outcome of each name of the batch
+	sets   []fetchedSet // fetched: what each read found
 }
 
 // serve runs one epoch until its fence passes (it returns nil) or a stop
@@ -54,15 +56,19 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		// reconcile below starts a release per moved name, whose requests
 		// would otherwise go ahead of the set the newcomer waits for.
 		r.keepNameSet(ep)
+		r.keepFetch(ep)
 		r.reconcile(ep)
 		r.keepMemberKey(ep)
 		r.keepDigest(ep)
-		var retry, settled, unblocked, publish <-chan time.Time
+		var retry, settled, unblocked, publish, fetch <-chan time.Time
 		if ep.retry != nil {
 			retry = ep.retry.C
 		}
 		if ep.publishLater != nil {
 			publish = ep.publishLater.C
+		}
+		if ep.fetchLater != nil {
+			fetch = ep.fetchLater.C
 		}
 		if ep.unblock != nil {
 			unblocked = ep.unblock.C
@@ -104,6 +110,8 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 			r.mu.Unlock()
 		case <-publish:
 			ep.publishLater = nil // keepNameSet, at the top, publishes if still wanted
+		case <-fetch:
+			ep.fetchLater = nil // keepFetch, at the top, reads if still unconfirmed
 		case <-unblocked:
 			ep.unblock = nil
 			r.mu.Lock()
@@ -132,19 +140,11 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 // relist reads every member and claim key, replaces the view with them,
 // and starts a watch from their revision (startWatch).
 func (r *Replica) relist(ep *epoch) error {
-	ctx, cancel := r.leaderRequest(ep.ctx)
-	// The loop waits for this answer, and must see the fence pass.
-	stop := context.AfterFunc(ep.fence.ctx, cancel)
-	resp, err := r.cli.Get(ctx, r.keys.all, clientv3.WithPrefix())
-	var before map[string]bool
-	if err == nil {
-		before = r.handedBeforeListing(ctx, ep)
-	}
-	stop()
-	cancel()
+	kvs, rev, err := r.listAll(ep.ctx, ep.fence.ctx, r.keys.all, 0)
 	if err != nil {
 		return err
 	}
+	before := r.handedBeforeListing(ep)
 	r.mu.Lock()
 	prevMembers, prevLeaving := r.prevMembers, r.prevLeaving
 	if prevMembers == nil {
@@ -162,9 +162,9 @@ func (r *Replica) relist(ep *epoch) error {
 	r.prevClaims, r.prevMembers, r.prevLeaving = nil, nil, nil
 	r.claims = make(map[string]claimView, len(prev))
 	r.place = nil
-	r.listedRev = resp.Header.Revision
+	r.listedRev = rev
 	r.heard = time.Now()
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		r.putLocked(kv, time.Time{})
 	}
 	for name, c := range r.claims {
@@ -183,15 +183,56 @@ func (r *Replica) relist(ep *epoch) error {
 			r.handed[name] = struct{}{}
 		}
 	}
-	r.viewRev = resp.Header.Revision
+	r.viewRev = rev
 	r.allDirty = true
 	if _, ok := r.members[r.opts.ID]; !ok {
 		r.memberLost = true // deleted while no watch ran (putLocked saw any other lease)
 	}
 	r.mu.Unlock()
-	w := r.startWatch(ep, resp.Header.Revision)
+	w := r.startWatch(ep, rev)
 	ep.watch, ep.watchCancel = w, w.stop
 	return nil
+}
+
+// listPage is how many keys one request of a listing reads at most
+// (Replica.listPage; tests set less). A
+// listing of 100,000 claims in one answer, about 10 MB, outlasted
+// RequestTimeout (750ms at TTL 2s) on a server busy with the releases of
+// a join, and was read again whole after each timeout, for 4 s
+// (TestUpgradeScaleMeasurement); a page of 10,000 keys takes a tenth.
+const listPage = 10000
+
+// listAll reads every key under prefix at one revision, rev or (0) the
+// revision of the first page's read, r.listPage keys per request, each
+// bounded by RequestTimeout and cancelled when ctx or passed (the fence's:
+// the loop waits for the answer, and must see the fence pass) ends. It
+// returns the keys, in order, and the revision read. Any error fails it,
+// a revision compacted between pages included: the caller lists again.
+func (r *Replica) listAll(ctx, passed context.Context, prefix string, rev int64, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, int64, error) {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	var kvs []*mvccpb.KeyValue
+	for key := prefix; ; {
+		page := append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(r.listPage))}, opts...)
+		if rev != 0 {
+			page = append(page, clientv3.WithRev(rev))
+		}
+		rctx, cancel := r.leaderRequest(ctx)
+		stop := context.AfterFunc(passed, cancel)
+		resp, err := r.cli.Get(rctx, key, page...)
+		stop()
+		cancel()
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		kvs = append(kvs, resp.Kvs...)
+		if !resp.More || len(resp.Kvs) == 0 {
+			return kvs, rev, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00" // the next key after the page's last
+	}
 }
 
 // handedBeforeListing returns, at the first listing of a settling epoch,
@@ -202,7 +243,7 @@ func (r *Replica) relist(ep *epoch) error {
 // are claimed at once rather than after the settling. Nil when there is
 // nothing to look for, or etcd cannot say (the revision compacted): then
 // they wait for the settling's end, as before.
-func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string]bool {
+func (r *Replica) handedBeforeListing(ep *epoch) map[string]bool {
 	r.mu.Lock()
 	settling := r.handed != nil
 	r.mu.Unlock()
@@ -211,12 +252,12 @@ func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string
 	if !settling || rev == 0 {
 		return nil
 	}
-	resp, err := r.cli.Get(ctx, r.keys.claims, clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithKeysOnly())
+	kvs, _, err := r.listAll(ep.ctx, ep.fence.ctx, r.keys.claims, rev, clientv3.WithKeysOnly())
 	if err != nil {
 		return nil
 	}
-	names := make(map[string]bool, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	names := make(map[string]bool, len(kvs))
+	for _, kv := range kvs {
 		names[strings.TrimPrefix(string(kv.Key), r.keys.claims)] = true
 	}
 	return names
@@ -610,6 +651,10 @@ func (r *Replica) handle(ep *epoch, res result) {
 		return
 	case published:
 		ep.publishing, ep.published = false, res.digest
+		return
+	case fetched:
+		ep.fetching = false
+		r.putFetchedLocked(res.sets)
 		return
 	}
 	if res.kind == rewrote {

@@ -19,6 +19,7 @@ import (
 	"github.com/bgctl/controller"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -331,6 +332,95 @@ func TestRandomUpgradeSchedule(t *testing.T) {
 				t.Errorf("%s: %s's owner %s still unconfirmed", n.id, ns.Name, ns.Owner)
 			}
 		}
+	}
+	c.rec.assertNoOverlap(t)
+}
+
+// A listing is read a page at a time, every page at the first page's
+// revision: it holds every key under the prefix, in order, and none
+// written after it began; a listing at an earlier revision holds what
+// was there then, keys only when asked.
+func TestListingReadsEveryPageAtOneRevision(t *testing.T) {
+	c := newCluster(t, 0, testOptions())
+	n := c.newNode("r0")
+	n.r.listPage = 4
+	ctx := context.Background()
+	prefix := c.prefix + "/list/"
+	var want []string
+	for i := range 23 {
+		key := fmt.Sprintf("%sk%02d", prefix, i)
+		want = append(want, key)
+		if _, err := n.cli.Put(ctx, key, "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keysOf := func(kvs []*mvccpb.KeyValue) []string {
+		var got []string
+		for _, kv := range kvs {
+			got = append(got, string(kv.Key))
+		}
+		return got
+	}
+	kvs, rev, err := n.r.listAll(ctx, ctx, prefix, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keysOf(kvs); !slices.Equal(got, want) {
+		t.Fatalf("listing in pages of 4 read %d keys %v, want the %d put", len(got), got, len(want))
+	}
+	if kvs[0].Value == nil || string(kvs[0].Value) != "v" {
+		t.Errorf("listing read no value for %s", kvs[0].Key)
+	}
+	if _, err := n.cli.Put(ctx, prefix+"k00x", "later"); err != nil { // sorts into the first page
+		t.Fatal(err)
+	}
+	kvs, _, err = n.r.listAll(ctx, ctx, prefix, rev, clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keysOf(kvs); !slices.Equal(got, want) {
+		t.Errorf("listing at revision %d read %v, want the %d keys then", rev, got, len(want))
+	}
+	if kvs[0].Value != nil {
+		t.Errorf("a keys-only listing read the value %q", kvs[0].Value)
+	}
+}
+
+// A replica of a new version whose watch delivers nothing (held from its
+// start, as one stuck behind a join's releases is) still learns the set
+// the old member publishes, by reading it: the names only it registers
+// run on it well before a relist (the watch is replaced after window +
+// a keepalive period, 9.4 s at TTL 10 s) would have brought the set.
+func TestPublishedSetIsReadAheadOfTheWatch(t *testing.T) {
+	opts := testOptions()
+	opts.TTL, opts.Margin = 10*time.Second, 2500*time.Millisecond
+	c := newCluster(t, 0, opts)
+	common := namesWith("common", 20)
+	added := namesWith("added", 12)
+	regs := map[string][]string{"old": common, "new": append(slices.Clone(common), added...)}
+	c.joinWith("old", regs["old"])
+	c.waitPlacement(expectedAmong(map[string][]string{"old": common}), 10*time.Second)
+
+	st := newWatchStaller(t, testEtcd)
+	st.stallNew()
+	n := c.newNodeVia("new", st.addr())
+	for _, name := range regs["new"] {
+		if err := n.r.UpdateController(name, c.rec.params(n.id, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.r.Join(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, name := range added {
+		want[name] = "new"
+	}
+	took := c.waitPlacement(want, opts.window())
+	t.Logf("new's watch held from its start: the names only it registers ran on it %v after Join (old publishes its set %v after it sees new; a relist comes after %v)",
+		took, c.opts.keepAliveEvery(), c.opts.window()+c.opts.keepAliveEvery())
+	if st.heldFrames() == 0 {
+		t.Error("the staller held no frame: new's watch never stalled, and this test showed nothing")
 	}
 	c.rec.assertNoOverlap(t)
 }
