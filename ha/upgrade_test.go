@@ -341,11 +341,8 @@ func TestRandomUpgradeSchedule(t *testing.T) {
 // written after it began; a listing at an earlier revision holds what
 // was there then, keys only when asked.
 func TestListingReadsEveryPageAtOneRevision(t *testing.T) {
-	c := newCluster(t, 0, testOptions())
-	n := c.newNode("r0")
-	n.r.listPage = 4
+	n, prefix := listingNode(t, 4)
 	ctx := context.Background()
-	prefix := c.prefix + "/list/"
 	var want []string
 	for i := range 23 {
 		key := fmt.Sprintf("%sk%02d", prefix, i)
