@@ -341,6 +341,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	clear(r.claims)
 	clear(r.memberNames)
 	clear(r.sets)
+	clear(r.badSets)
 	r.place, r.viewRev = nil, 0
 	// Under mu, so that no install comes between: the slots are gone.
 	stopping := make([]stoppingController, 0, len(slots))

@@ -173,6 +173,7 @@ func (r *Replica) putChunkLocked(rest string, value []byte) {
 		return
 	}
 	k := id + "/" + digest
+	delete(r.badSets, k) // a chunk written again: worth decoding again
 	s := r.sets[k]
 	if s == nil {
 		s = &nameSet{chunks: make([][]byte, n)}
@@ -192,6 +193,7 @@ func (r *Replica) putChunkLocked(rest string, value []byte) {
 	if err != nil {
 		r.log.Warn(fmt.Sprintf("member %q published a set of names that does not decode: its names count as unknown", id), "error", err)
 		delete(r.sets, k)
+		r.badSets[k] = struct{}{}
 		return
 	}
 	s.names = names
@@ -480,11 +482,13 @@ func (r *Replica) publishNames(ep *epoch, want, old string, names []string) {
 // unpublishedLocked returns, by ID, the digest of each live member not
 // known to register the names registered here whose set may be
 // published: it writes a digest (an earlier version's member publishes
-// none) other than this replica's, and its set for it has not come.
+// none) other than this replica's, and its set for it has not come, or
+// came and did not decode (badSets: read again, it would not either).
 func (r *Replica) unpublishedLocked() map[string]string {
 	var out map[string]string
 	for id := range r.unconfirmedLocked() {
-		if d := r.memberNames[id]; d != "" {
+		d := r.memberNames[id]
+		if _, bad := r.badSets[id+"/"+d]; d != "" && !bad {
 			if out == nil {
 				out = make(map[string]string)
 			}
@@ -495,8 +499,9 @@ func (r *Replica) unpublishedLocked() map[string]string {
 }
 
 // keepFetch reads the published sets of the members not yet confirmed
-// directly, a publishAfter after they were first seen unconfirmed (they
-// publish then) and every half of that while some remain. The watch
+// directly: at once, and every half publishAfter while some remain (a
+// member publishes publishAfter after it sees the difference, which may
+// be before or after this replica does). The watch
 // brings the sets too, but behind every event before them: when a
 // member with other names joins a large group, the releases of the names
 // that move to it, one deletion each, come first, and the names only it
@@ -539,7 +544,7 @@ func (r *Replica) fetchNameSets(ep *epoch, want map[string]string) {
 	defer ep.wg.Done()
 	var sets []fetchedSet
 	for id, d := range want {
-		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
+		ctx, cancel := r.leaderRequest(ep.ctx)
 		resp, err := r.cli.Get(ctx, r.keys.names+id+"/"+d+"/", clientv3.WithPrefix())
 		cancel()
 		if err == nil && len(resp.Kvs) > 0 {

@@ -140,10 +140,23 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 // relist reads every member and claim key, replaces the view with them,
 // and starts a watch from their revision (startWatch).
 func (r *Replica) relist(ep *epoch) error {
-	kvs, rev, err := r.listAll(ep.ctx, ep.fence.ctx, r.keys.all, 0)
+	// At one revision: the claims and members a page of r.listPage keys
+	// at a time, the published sets setPage chunks at a time, and what
+	// else the prefix holds (nothing of ours) like the first.
+	setsStart, setsEnd := r.keys.names, clientv3.GetPrefixRangeEnd(r.keys.names)
+	kvs, rev, err := r.listRange(ep.ctx, ep.fence.ctx, r.keys.all, setsStart, 0, r.listPage)
 	if err != nil {
 		return err
 	}
+	sets, _, err := r.listRange(ep.ctx, ep.fence.ctx, setsStart, setsEnd, rev, setPage)
+	if err != nil {
+		return err
+	}
+	rest, _, err := r.listRange(ep.ctx, ep.fence.ctx, setsEnd, clientv3.GetPrefixRangeEnd(r.keys.all), rev, r.listPage)
+	if err != nil {
+		return err
+	}
+	kvs = append(append(kvs, sets...), rest...)
 	before := r.handedBeforeListing(ep)
 	r.mu.Lock()
 	prevMembers, prevLeaving := r.prevMembers, r.prevLeaving
@@ -155,6 +168,7 @@ func (r *Replica) relist(ep *epoch) error {
 	clear(r.leaving)
 	clear(r.memberNames)
 	clear(r.sets)
+	clear(r.badSets)
 	prev := r.claims
 	if r.prevClaims != nil {
 		prev = r.prevClaims // the view of the epoch before, which ended at a fence pass
@@ -202,17 +216,30 @@ func (r *Replica) relist(ep *epoch) error {
 // (TestUpgradeScaleMeasurement); a page of 10,000 keys takes a tenth.
 const listPage = 10000
 
-// listAll reads every key under prefix at one revision, rev or (0) the
-// revision of the first page's read, r.listPage keys per request, each
+// setPage is how many chunks of published sets one request of a listing
+// reads: at most maxChunk each, 1 MiB a page, where a page of listPage
+// chunks could be as large as the whole listing once was.
+const setPage = 2
+
+// listAll reads every key under prefix at one revision (see listRange),
+// r.listPage keys a page.
+func (r *Replica) listAll(ctx, passed context.Context, prefix string, rev int64, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, int64, error) {
+	return r.listRange(ctx, passed, prefix, clientv3.GetPrefixRangeEnd(prefix), rev, r.listPage, opts...)
+}
+
+// listRange reads every key in [start, end) at one revision, rev or (0)
+// the revision of the first page's read, perPage keys per request, each
 // bounded by RequestTimeout and cancelled when ctx or passed (the fence's:
 // the loop waits for the answer, and must see the fence pass) ends. It
 // returns the keys, in order, and the revision read. Any error fails it,
 // a revision compacted between pages included: the caller lists again.
-func (r *Replica) listAll(ctx, passed context.Context, prefix string, rev int64, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, int64, error) {
-	end := clientv3.GetPrefixRangeEnd(prefix)
+// The loop waits for every page: a listing of 100,000 claims under load
+// may take seconds (a fence pass, Close and Leave's context still end it
+// at once).
+func (r *Replica) listRange(ctx, passed context.Context, start, end string, rev int64, perPage int, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, int64, error) {
 	var kvs []*mvccpb.KeyValue
-	for key := prefix; ; {
-		page := append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(r.listPage))}, opts...)
+	for key := start; ; {
+		page := append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(perPage))}, opts...)
 		if rev != 0 {
 			page = append(page, clientv3.WithRev(rev))
 		}

@@ -88,7 +88,7 @@ type Replica struct {
 	//	memberLeases, listedRev, heard          the loop
 	//	memberLost                              the loop (set from the watch, cleared when it writes the key)
 	//	joinErr                                 the loop, as it joins again
-	//	memberNames, sets                       the loop (from the watch)
+	//	memberNames, sets, badSets              the loop (from the watch)
 	//	digest                                  the API methods, as names are registered and unregistered
 	//	place                                   whoever computes an owner (a cache of members, memberNames and sets); nil: to rebuild
 	//
@@ -113,6 +113,10 @@ type Replica struct {
 	digest      namesDigest         // of regs' names
 	memberNames map[string]string   // each live member's digest, from its key; "": it gives none (an earlier version)
 	sets        map[string]*nameSet // sets of names other members published, by "<ID>/<digest>"
+	// badSets are the sets that did not decode, by "<ID>/<digest>": not
+	// read again (keepFetch) until the member's digest changes or a
+	// chunk is written again. Forgotten with the view.
+	badSets map[string]struct{}
 
 	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
 	listedRev    int64                       // the revision of the view's last listing
@@ -284,6 +288,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 
 		memberNames: make(map[string]string),
 		sets:        make(map[string]*nameSet),
+		badSets:     make(map[string]struct{}),
 
 		memberLeases: make(map[string]clientv3.LeaseID),
 		leaving:      make(map[string]clientv3.LeaseID),
