@@ -1,13 +1,8 @@
 // What users run today: client-go's tools/leaderelection with a Lease
 // lock, measured against the tests' kube-apiserver (issue 26 item 9), so
 // that the backend's figures can stand beside it; and the one thing of it
-// that a test can show every run.
-//
-// MEASUREMENTS, client-go v0.36.3 against kube-apiserver v1.36.3 on one
-// loopback machine (2 cores), three candidates each behind its own proxy,
-// three runs each, min / median / max:
-//
-// (filled in from the run: see doc.go)
+// that a test can show every run. The figures, and the command that
+// measures them, are in doc.go.
 
 package kube
 
