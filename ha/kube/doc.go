@@ -20,4 +20,61 @@
 // the user cache directory (the first run takes some minutes), and start
 // both on free loopback ports. A test that needs them fails, never skips,
 // when they cannot be had; -kube.version picks another release.
+//
+// # What users run today, measured
+//
+// The backend's figures are to stand beside those of client-go's
+// tools/leaderelection with a Lease lock, the leader election
+// controller-runtime and most controllers use, measured on the same
+// kube-apiserver by
+//
+//	go test -count=1 -v -timeout 30m -run '^TestClientGoLeaderElectionMeasurement$' -kube.lemeasure .
+//
+// (about 8 minutes; -kube.lemeasure.runs and -kube.lemeasure.steady set
+// the runs of each case and the steady-state window). Three candidates
+// run as the replicas, each with its own client through its own TCP
+// proxy, which a partition cuts into a black hole; requests time out at
+// RenewDeadline/2, as client-go's NewFromKubeconfig sets. A crash stops
+// the leader without a release and cuts its proxy, so that nothing it
+// sends afterwards arrives; a graceful leave cancels it with
+// ReleaseOnCancel. The short setting is kube-vip's. client-go v0.36.3,
+// kube-apiserver v1.36.3, one 2-core machine, three runs, min / median /
+// max (durations rounded to 10ms):
+//
+//	LeaseDuration / RenewDeadline / RetryPeriod   15s / 10s / 2s           5s / 3s / 1s
+//	crash, to another's OnStartedLeading          14.39s / 16.46s / 17.58s 4.93s / 5.12s / 6.85s
+//	partition, cut to another's OnStartedLeading  15.69s / 17.08s / 17.19s 4.54s / 5.14s / 6.11s
+//	  another's start less the cut one's
+//	  OnStoppedLeading (< 0: two leaders)         5.24s / 5.46s / 6.15s    1.17s / 1.51s / 2.33s
+//	heal, the old leader restarted follows        0s / 0s / 10ms           10ms / 10ms / 10ms
+//	graceful leave, to another's OnStartedLeading 190ms / 340ms / 690ms    140ms / 250ms / 860ms
+//	steady state, Lease writes per second (30s)   0.50 / 0.50 / 0.50       1.00 / 1.00 / 1.00
+//	steady state, requests per second, all three  1.13 / 1.13 / 1.13       2.20 / 2.27 / 2.33
+//
+// What they show:
+//
+//   - A follower takes over LeaseDuration after it last saw the Lease
+//     change, on its own clock, at its next try (tries are RetryPeriod to
+//     2.2 RetryPeriod apart): up to 2.6s past LeaseDuration here, less
+//     when a crash came late in the leader's renewal period.
+//   - No partition here made two leaders at once by client-go's
+//     callbacks. A cut-off leader gives up RetryPeriod + RenewDeadline after its last
+//     renewal; the others start at least LeaseDuration after they saw it.
+//     The difference (3s at the defaults, 1s at kube-vip's), with the
+//     followers' lag, is all the old leader's code gets to stop in:
+//     nothing waits for that code or bounds it, and client-go accepts
+//     settings that leave no such time (4s / 3s / 1s) or less than none
+//     (5s / 4s / 2s). The backend's fence is to count from the send
+//     time of the last renewal instead, and keep Margin for the code to
+//     return.
+//   - A leader that lost its Lease does not become a follower: its Run
+//     returns (controller-runtime's manager then stops with "leader
+//     election lost"). Started again after the heal, it follows the new
+//     leader at its first read.
+//   - A graceful leave hands the Lease on at a follower's next try,
+//     without waiting for the leaving leader's code to stop;
+//     TestClientGoHandsOverBeforeTheLeavingLeadersCodeStops shows it on
+//     every run. ha's Leave keeps a name until its code has returned.
+//   - In steady state the leader writes once per RetryPeriod and each
+//     follower reads once per try, for one name.
 package kube
