@@ -1,5 +1,5 @@
 // The claims of one bucket: which session holds each of its names, and
-// the token each holding was written at, as the bucket Lease's annotation
+// the token each was written at, as the bucket Lease's annotation
 // carries them (DESIGN.md, "What is stored"), and the one rule by which
 // every write changes them.
 
@@ -45,8 +45,8 @@ func bucketOf(name string, n int) int {
 	return int(h % uint64(n))
 }
 
-// holding is one name's claim: the session that holds it and its token.
-type holding struct {
+// entry is one name's claim: the session that holds it and its token.
+type entry struct {
 	// session is the holderIdentity of the holder's member Lease: its ID
 	// and the incarnation of its session.
 	session string
@@ -59,12 +59,12 @@ type holding struct {
 
 // bucketClaims are the claims of one bucket, by name. A name absent is
 // free.
-type bucketClaims map[string]holding
+type bucketClaims map[string]entry
 
-// change is what one writer asks of a bucket's claims, read at some
+// claimChange is what one writer asks of a bucket's claims, read at some
 // resourceVersion; apply works out what holds, and the writer writes the
 // result guarded by that version.
-type change struct {
+type claimChange struct {
 	claim   []string          // names for this writer to hold
 	release []string          // names this writer holds, to free
 	give    map[string]string // names to hold by another session: name → session
@@ -74,7 +74,7 @@ type change struct {
 // the names it claimed (now or before: a retry whose first answer was
 // lost finds them its own) and whether c changed. ended reports whether
 // a session is proven ended (DESIGN.md, rule 6); token is the value the
-// bucket's leaseTransitions takes with the write, given to every holding
+// bucket's leaseTransitions takes with the write, given to every entry
 // the write creates. The rules, by what a name is before the write:
 //
 //	                    claim by me      release by me   give to s
@@ -86,8 +86,8 @@ type change struct {
 // So a name changes holder only when it is free, its holder gives it
 // away, or its holder's session is proven ended; and the server's
 // resourceVersion check makes the read and the write one step.
-func (c bucketClaims) apply(me string, ch change, ended func(session string) bool, token int64) (got []string, changed bool) {
-	takeable := func(name string) (holding, bool) {
+func (c bucketClaims) apply(me string, ch claimChange, ended func(session string) bool, token int64) (got []string, changed bool) {
+	takeable := func(name string) (entry, bool) {
 		h, held := c[name]
 		return h, !held || h.session == me || ended(h.session)
 	}
@@ -98,7 +98,7 @@ func (c bucketClaims) apply(me string, ch change, ended func(session string) boo
 		}
 		got = append(got, name)
 		if h.session != me {
-			c[name] = holding{session: me, token: token}
+			c[name] = entry{session: me, token: token}
 			changed = true
 		}
 	}
@@ -111,7 +111,7 @@ func (c bucketClaims) apply(me string, ch change, ended func(session string) boo
 	for _, name := range slices.Sorted(maps.Keys(ch.give)) {
 		s := ch.give[name]
 		if h, ok := takeable(name); ok && h.session != s {
-			c[name] = holding{session: s, token: token}
+			c[name] = entry{session: s, token: token}
 			changed = true
 		}
 	}
@@ -196,7 +196,7 @@ func decodeClaims(v string) (bucketClaims, error) {
 			d.err = fmt.Errorf("session %d of %d", s, len(sessions))
 		}
 		if d.err == nil {
-			c[name] = holding{session: sessions[s], token: int64(token)}
+			c[name] = entry{session: sessions[s], token: int64(token)}
 		}
 	}
 	if d.err == nil && len(d.b) > 0 {

@@ -44,27 +44,27 @@ func TestClaimsApply(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		what    string
-		ch      change
+		ch      claimChange
 		got     []string
 		changed bool
-		want    bucketClaims // the names that differ from base; a zero holding: freed
+		want    bucketClaims // the names that differ from base; a zero entry: freed
 	}{
-		{"claim a free name", change{claim: []string{"free"}}, []string{"free"}, true,
+		{"claim a free name", claimChange{claim: []string{"free"}}, []string{"free"}, true,
 			bucketClaims{"free": {"me", 9}}},
-		{"claim a name held here: got, unchanged, its token kept", change{claim: []string{"mine"}}, []string{"mine"}, false, nil},
-		{"claim a name an ended session held", change{claim: []string{"ended"}}, []string{"ended"}, true,
+		{"claim a name held here: got, unchanged, its token kept", claimChange{claim: []string{"mine"}}, []string{"mine"}, false, nil},
+		{"claim a name an ended session held", claimChange{claim: []string{"ended"}}, []string{"ended"}, true,
 			bucketClaims{"ended": {"me", 9}}},
-		{"claim a name a live session holds: not got", change{claim: []string{"live"}}, nil, false, nil},
-		{"release a name held here", change{release: []string{"mine"}}, nil, true, bucketClaims{"mine": {}}},
-		{"release a name held elsewhere: nothing", change{release: []string{"live", "ended", "free"}}, nil, false, nil},
-		{"give a name held here (hand-over)", change{give: map[string]string{"mine": "next"}}, nil, true,
+		{"claim a name a live session holds: not got", claimChange{claim: []string{"live"}}, nil, false, nil},
+		{"release a name held here", claimChange{release: []string{"mine"}}, nil, true, bucketClaims{"mine": {}}},
+		{"release a name held elsewhere: nothing", claimChange{release: []string{"live", "ended", "free"}}, nil, false, nil},
+		{"give a name held here (hand-over)", claimChange{give: map[string]string{"mine": "next"}}, nil, true,
 			bucketClaims{"mine": {"next", 9}}},
-		{"give a free name", change{give: map[string]string{"free": "next"}}, nil, true,
+		{"give a free name", claimChange{give: map[string]string{"free": "next"}}, nil, true,
 			bucketClaims{"free": {"next", 9}}},
-		{"give an ended session's name (takeover)", change{give: map[string]string{"ended": "next"}}, nil, true,
+		{"give an ended session's name (takeover)", claimChange{give: map[string]string{"ended": "next"}}, nil, true,
 			bucketClaims{"ended": {"next", 9}}},
-		{"give a live session's name: nothing", change{give: map[string]string{"live": "next"}}, nil, false, nil},
-		{"give a name to its holder: nothing", change{give: map[string]string{"live": "other"}}, nil, false, nil},
+		{"give a live session's name: nothing", claimChange{give: map[string]string{"live": "next"}}, nil, false, nil},
+		{"give a name to its holder: nothing", claimChange{give: map[string]string{"live": "other"}}, nil, false, nil},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			c := base()
@@ -74,7 +74,7 @@ func TestClaimsApply(t *testing.T) {
 			}
 			want := base()
 			for name, h := range tc.want {
-				if h == (holding{}) {
+				if h == (entry{}) {
 					delete(want, name)
 				} else {
 					want[name] = h
@@ -89,7 +89,7 @@ func TestClaimsApply(t *testing.T) {
 
 // A token only grows from one holder of a name to the next: each write
 // that changes a holder is made at the bucket's counter plus one, and
-// apply gives that token to every holding it writes, never to one it
+// apply gives that token to every entry it writes, never to one it
 // keeps.
 func TestClaimsTokensGrowPerName(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -101,7 +101,7 @@ func TestClaimsTokensGrowPerName(t *testing.T) {
 	for range 2000 {
 		me := sessions[rng.IntN(len(sessions))]
 		name := fmt.Sprint("n", rng.IntN(8))
-		var ch change
+		var ch claimChange
 		switch rng.IntN(3) {
 		case 0:
 			ch.claim = []string{name}
@@ -135,7 +135,7 @@ func TestClaimsRoundTrip(t *testing.T) {
 			for i := range b {
 				b[i] = byte(rng.IntN(256))
 			}
-			c[string(b)] = holding{session: fmt.Sprint("r", rng.IntN(5), "/", round), token: rng.Int64N(1 << 40)}
+			c[string(b)] = entry{session: fmt.Sprint("r", rng.IntN(5), "/", round), token: rng.Int64N(1 << 40)}
 		}
 		v, err := encodeClaims(c)
 		if err != nil {
@@ -165,7 +165,7 @@ func TestClaimsOfAFullBucketFit(t *testing.T) {
 	for i := range 100_000 {
 		name := fmt.Sprintf("default/endpoint-%013d", i) // 30 bytes
 		if bucketOf(name, 256) == 7 {
-			c[name] = holding{session: fmt.Sprintf("replica-%d/0123456789abcdef", i%3), token: int64(i)}
+			c[name] = entry{session: fmt.Sprintf("replica-%d/0123456789abcdef", i%3), token: int64(i)}
 		}
 	}
 	v, err := encodeClaims(c)
@@ -183,7 +183,7 @@ func TestClaimsOfAFullBucketFit(t *testing.T) {
 		for i := range b {
 			b[i] = byte(rng.IntN(256)) // incompressible
 		}
-		huge[string(b)] = holding{session: "r", token: 1}
+		huge[string(b)] = entry{session: "r", token: 1}
 	}
 	if _, err := encodeClaims(huge); !errors.Is(err, errClaimsTooLarge) {
 		t.Errorf("encoding 20,000 random 16-byte names: %v, want errClaimsTooLarge", err)
