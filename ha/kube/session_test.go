@@ -11,7 +11,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -125,6 +124,42 @@ func seeNow(t *testing.T, o *observer, s *session) {
 	o.see(l, time.Now())
 }
 
+// renewing renews s every D/4 on a goroutine of its own until stop is
+// called or a renewal fails. stop ends and joins the goroutine, and
+// returns the validUntil of the last successful renewal and the error of
+// the failed one. A renewal under way when stop is called finishes
+// first: one cut short might commit after the client gave up, leaving
+// the session's resourceVersion behind the Lease's.
+func renewing(s *session) (stop func() (time.Time, error)) {
+	quit := make(chan struct{})
+	var last time.Time
+	var failed error
+	done := make(chan struct{})
+	go func() { // joined by stop
+		defer close(done)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			valid, err := s.renew(ctx)
+			cancel()
+			if err != nil {
+				failed = err
+				return
+			}
+			last = valid
+			select {
+			case <-quit:
+				return
+			case <-time.After(testD / 4):
+			}
+		}
+	}()
+	return func() (time.Time, error) {
+		close(quit)
+		<-done
+		return last, failed
+	}
+}
+
 // sleepUntil sleeps until the monotonic time at.
 func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
 
@@ -235,21 +270,7 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 		s, _ := mustBegin(t, g, "r1")
 		seeNow(t, o, s) // and nothing more: the feed is stalled
 
-		ctx, stop := context.WithCancel(t.Context())
-		var wg sync.WaitGroup
-		var renewErr error
-		wg.Go(func() { // the holder; joined below
-			for ctx.Err() == nil {
-				if _, err := s.renew(ctx); err != nil && ctx.Err() == nil {
-					renewErr = err
-					return
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(testD / 4):
-				}
-			}
-		})
+		stop := renewing(s)
 		deadline := time.Now().Add(3 * testD)
 		for time.Now().Before(deadline) {
 			if ended, err := o.expire(t.Context(), s.name); ended || err != nil {
@@ -258,10 +279,8 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 			}
 			time.Sleep(testD / 8)
 		}
-		stop()
-		wg.Wait()
-		if renewErr != nil {
-			t.Fatalf("renewal: %v", renewErr)
+		if _, err := stop(); err != nil {
+			t.Fatalf("renewal: %v", err)
 		}
 		if n := otp.deletes.Load(); n != 0 {
 			t.Fatalf("the observer sent %d deletes while the holder renewed, want none", n)
@@ -286,21 +305,7 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 		t.Fatalf("identity %q, want dup/<incarnation>", first.identity)
 	}
 
-	ctx, stop := context.WithCancel(t.Context())
-	var wg sync.WaitGroup
-	var renewErr error
-	wg.Go(func() { // the first session's renewals; joined below
-		for ctx.Err() == nil {
-			if _, err := first.renew(ctx); err != nil && ctx.Err() == nil {
-				renewErr = err
-				return
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(testD / 4):
-			}
-		}
-	})
+	stop := renewing(first)
 	seeNow(t, o, first)
 	for deadline := time.Now().Add(2 * testD); time.Now().Before(deadline); time.Sleep(testD / 8) {
 		if _, _, err := g2.begin(t.Context(), "dup"); !errors.Is(err, errDuplicateSession) {
@@ -310,10 +315,8 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 			t.Fatalf("expire while the first session renews: ended %v, %v", ended, err)
 		}
 	}
-	stop()
-	wg.Wait()
-	if renewErr != nil {
-		t.Fatalf("renewal: %v", renewErr)
+	if _, err := stop(); err != nil {
+		t.Fatalf("renewal: %v", err)
 	}
 
 	// The first session renews no more: an observer proves it ended.
