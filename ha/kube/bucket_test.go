@@ -6,10 +6,15 @@
 package kube
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -130,4 +135,154 @@ func TestBucketTokenGrows(t *testing.T) {
 		t.Fatalf("a's old incarnation releases: %v, want errNotHeld", err)
 	}
 	t.Logf("tokens of bucket 0: %v", tokens)
+}
+
+// A holder that stops (its goroutine does nothing for longer than D, as a
+// SIGSTOPped process would) is proven ended by an observer fed by the
+// group's watch, after its validity ended; another replica takes its
+// buckets, each with a larger token. When the holder wakes, every
+// guarded write it makes is refused: its renewal (session lost), its
+// release (not held), a write to a bucket on the resourceVersion its
+// claim left.
+func TestPausedHolderIsRefusedWhenItWakes(t *testing.T) {
+	c := needCluster(t)
+	const buckets = 4
+	g := newTestGroup(t, c, buckets, nil)
+	gt := otherReplica(t, c, g, nil)
+	paused, _ := mustBegin(t, g, "paused")
+	taker, _ := mustBegin(t, gt, "taker")
+	held := make([]holding, buckets)
+	for i := range buckets {
+		h, err := paused.claim(t.Context(), i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[i] = h
+	}
+	stopRenewing := renewing(paused)
+
+	// The taker's view: its feed feeds its observer, and records what it
+	// saw of the holder's member Lease and of the buckets.
+	o := newObserver(gt)
+	var mu sync.Mutex
+	var memberSeen []changeKind                      // guarded by mu: the holder's member Lease, change by change
+	lastBucket := map[string]*coordinationv1.Lease{} // guarded by mu
+	feedCtx, stopFeed := context.WithCancel(t.Context())
+	feedDone := make(chan error, 1)
+	go func() { // the taker's feed; joined below
+		feedDone <- gt.feed(feedCtx, "", func(ch change) {
+			mu.Lock()
+			defer mu.Unlock()
+			record := func(kind changeKind, l *coordinationv1.Lease) {
+				switch {
+				case !isMember(l):
+					lastBucket[l.Name] = l
+				case l.Name == taker.name:
+				case kind == changeDelete:
+					o.forget(l.Name)
+				default:
+					o.see(l, ch.at)
+				}
+				if l.Name == paused.name {
+					memberSeen = append(memberSeen, kind)
+				}
+			}
+			if ch.kind == changeSnapshot {
+				for _, l := range ch.leases {
+					record(changePut, l)
+				}
+				return
+			}
+			record(ch.kind, ch.lease)
+		})
+	}()
+	defer func() {
+		stopFeed()
+		if err := <-feedDone; !errors.Is(err, context.Canceled) {
+			t.Errorf("feed: %v, want context.Canceled", err)
+		}
+	}()
+
+	time.Sleep(testD) // the holder renews; the taker watches
+	lastValid, err := stopRenewing()
+	if err != nil {
+		t.Fatalf("the holder's renewals: %v", err)
+	}
+	// Paused: the holder does nothing from here until it wakes.
+
+	var provenAt time.Time
+	for deadline := time.Now().Add(4 * testD); provenAt.IsZero(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the paused holder was not proven ended within %v", 4*testD)
+		}
+		if _, err := taker.renew(t.Context()); err != nil {
+			t.Fatalf("the taker's renewal: %v", err)
+		}
+		for _, name := range o.due(time.Now()) {
+			ended, err := o.expire(t.Context(), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ended && name == paused.name {
+				provenAt = time.Now()
+			} else if ended {
+				t.Fatalf("the observer ended %s, which is not the paused holder's", name)
+			}
+		}
+	}
+	if !provenAt.After(lastValid) {
+		t.Fatalf("the holder was proven ended %v before its last renewal's validity ended", lastValid.Sub(provenAt))
+	}
+	t.Logf("proven ended %v after the holder's validity ended", provenAt.Sub(lastValid).Round(time.Millisecond))
+
+	taken := make([]holding, buckets)
+	for i := range buckets {
+		h, err := taker.claim(t.Context(), i)
+		if err != nil {
+			t.Fatalf("the taker's claim of bucket %d: %v", i, err)
+		}
+		if h.token <= held[i].token {
+			t.Fatalf("bucket %d taken with token %d, the holder's was %d: want it larger", i, h.token, held[i].token)
+		}
+		taken[i] = h
+	}
+
+	// The holder wakes.
+	if _, err := paused.renew(t.Context()); !errors.Is(err, errSessionLost) {
+		t.Errorf("the woken holder's renewal: %v, want errSessionLost", err)
+	}
+	if err := paused.release(t.Context(), held[0]); !errors.Is(err, errNotHeld) {
+		t.Errorf("the woken holder's release: %v, want errNotHeld", err)
+	}
+	stale := held[1].lease.DeepCopy()
+	stale.Spec.HolderIdentity = new(paused.identity + "-woke")
+	if _, err := g.leases.Update(t.Context(), stale, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
+		t.Errorf("the woken holder's write to bucket 1 on its claim's resourceVersion: %v, want Conflict", err)
+	}
+	if _, err := paused.claim(t.Context(), 2); !errors.Is(err, errSessionLost) {
+		t.Errorf("the woken holder's claim: %v, want errSessionLost", err)
+	}
+
+	// The taker's feed showed the holder's member Lease come and go, and
+	// every bucket in the taker's hands at the version it claimed.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		var behind []string
+		for i, h := range taken {
+			if l := lastBucket[g.bucketName(i)]; l == nil || l.ResourceVersion != h.rv {
+				behind = append(behind, fmt.Sprintf("%d at %v", i, l))
+			}
+		}
+		seen := append([]changeKind(nil), memberSeen...)
+		mu.Unlock()
+		if len(behind) == 0 {
+			if len(seen) < 2 || seen[len(seen)-1] != changeDelete || seen[len(seen)-2] != changePut {
+				t.Fatalf("the feed showed the holder's member Lease as %v, want puts, then its delete", seen)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the takeover the feed shows buckets %v", behind)
+		}
+	}
 }

@@ -263,6 +263,26 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 		}
 	})
 
+	// Nobody but its session writes a member Lease; a write by anyone
+	// else (here the administrator) in between is a sign the session is
+	// not alone, and its next renewal, on its own last version, is
+	// refused as session lost, not retried on the newer one.
+	t.Run("written by another", func(t *testing.T) {
+		g := newTestGroup(t, c, 4, nil)
+		s, _ := mustBegin(t, g, "r1")
+		l, err := c.admin.CoordinationV1().Leases(replicaNamespace).Get(t.Context(), s.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Annotations = map[string]string{"written-by": "admin"}
+		if _, err := c.admin.CoordinationV1().Leases(replicaNamespace).Update(t.Context(), l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.renew(t.Context()); !errors.Is(err, errSessionLost) {
+			t.Fatalf("renewal after another's write: %v, want errSessionLost", err)
+		}
+	})
+
 	t.Run("stalled feed", func(t *testing.T) {
 		g := newTestGroup(t, c, 4, nil)
 		otp := &tap{}
