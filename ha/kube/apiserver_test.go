@@ -152,9 +152,9 @@ const (
 )
 
 // startAPIServer starts the kube-apiserver at bin against the etcd at
-// etcdURL, with its files in dir, and returns once it is ready and
-// reports release.
-func startAPIServer(bin, release, etcdURL, dir string) (*apiServer, error) {
+// etcdURL, with its files in dir and the flags extra added to the
+// tests' own, and returns once it is ready and reports release.
+func startAPIServer(bin, release, etcdURL, dir string, extra ...string) (*apiServer, error) {
 	saKey, err := writeRSAKey(filepath.Join(dir, "service-account.key"))
 	if err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func startAPIServer(bin, release, etcdURL, dir string) (*apiServer, error) {
 	certDir := filepath.Join(dir, "certs")
 	s.url = fmt.Sprintf("https://127.0.0.1:%d", port)
 	s.caFile = filepath.Join(certDir, "apiserver.crt") // the serving certificate and its CA, written at start
-	s.proc, err = startProcess(bin, filepath.Join(dir, "kube-apiserver.log"), "",
+	args := append([]string{
 		"--etcd-servers", etcdURL,
 		"--cert-dir", certDir,
 		"--secure-port", fmt.Sprint(port),
@@ -183,7 +183,8 @@ func startAPIServer(bin, release, etcdURL, dir string) (*apiServer, error) {
 		"--service-account-signing-key-file", saKey,
 		"--authorization-mode", "Node,RBAC",
 		"--token-auth-file", tokens,
-		"--service-cluster-ip-range", "10.0.0.0/24")
+		"--service-cluster-ip-range", "10.0.0.0/24"}, extra...)
+	s.proc, err = startProcess(bin, filepath.Join(dir, "kube-apiserver.log"), "", args...)
 	if err != nil {
 		return nil, err
 	}

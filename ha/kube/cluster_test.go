@@ -68,7 +68,9 @@ type cluster struct {
 	release string
 	dir     string
 	etcd    *process
+	etcdURL string // etcd's client URL
 	api     *apiServer
+	apiBin  string // the kube-apiserver binary, for a test that starts another
 
 	// admin acts as a member of system:masters, replica as the
 	// ServiceAccount deploy/rbac.yaml binds. Their HTTP clients are
@@ -122,7 +124,7 @@ func startClusterOnce(release, etcdBin, apiBin string) (c *cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c.etcd = etcd
+	c.etcd, c.etcdURL, c.apiBin = etcd, etcdURL, apiBin
 	if c.api, err = startAPIServer(apiBin, release, etcdURL, dir); err != nil {
 		return nil, err
 	}

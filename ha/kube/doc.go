@@ -3,8 +3,19 @@
 // instead of etcd is being built. It has no API yet: nothing here is for a
 // program to import.
 //
-// What it holds today is the ground the backend will stand on, tested
-// against a real kube-apiserver rather than a fake:
+// Its safety primitives exist, unexported, for the backend interface the
+// shared part of ha will call: a member session per replica, one Lease,
+// valid from the send time of its last answered renewal (session.go);
+// observers that prove a silent session ended by a delete guarded by the
+// version they saw unchanged for the lease duration on their own clock
+// (observe.go); buckets, Leases never deleted, claimed by one guarded
+// write, living off the holder's session, their leaseTransitions a token
+// that only grows (bucket.go); and a feed of the group's Leases in commit
+// order that lists again when its watch expires (feed.go). The safety
+// argument is written where their states are declared.
+//
+// Beneath them lies the ground the backend stands on, tested against a
+// real kube-apiserver rather than a fake:
 //
 //   - deploy/rbac.yaml, the ServiceAccount, Role and RoleBinding a
 //     service's replicas will need: get, list, watch, create, update and

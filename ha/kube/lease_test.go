@@ -125,10 +125,3 @@ func nextEvent(t *testing.T, w watch.Interface) watch.Event {
 	}
 	panic("unreachable")
 }
-
-func holder(l *coordinationv1.Lease) string {
-	if l.Spec.HolderIdentity == nil {
-		return ""
-	}
-	return *l.Spec.HolderIdentity
-}

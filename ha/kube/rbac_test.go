@@ -260,3 +260,40 @@ func TestReplicaIsForbiddenBeyondItsLeases(t *testing.T) {
 		t.Errorf("the refused create in %q: getting its Lease: %v, want NotFound", otherNamespace, err)
 	}
 }
+
+// Every primitive of the backend runs with the replicas' token, bound to
+// the manifest's Role and nothing more: begin, renew, claim, release, the
+// feed's list and watch, an observer's quorum read and guarded delete,
+// end. (Every test of session_test.go, bucket_test.go and feed_test.go
+// runs as the replicas too; this one puts them all in one place, so that
+// a verb dropped from the Role fails here by name.)
+func TestPrimitivesNeedNoMoreThanTheManifestRole(t *testing.T) {
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)                 // applies the manifest; replica's token
+	wait := feedLog(t, g, "")                       // list, watch
+	s, _ := mustBegin(t, g, "r1")                   // create
+	if _, err := s.renew(t.Context()); err != nil { // update
+		t.Fatalf("renew: %v", err)
+	}
+	h, err := s.claim(t.Context(), 0) // get, create
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if err := s.release(t.Context(), h); err != nil { // update
+		t.Fatalf("release: %v", err)
+	}
+	o := newObserver(otherReplica(t, c, g, nil))
+	gone, _ := mustBegin(t, g, "r2")
+	seeNow(t, o, gone) // get
+	st, _ := o.stampOf(gone.name)
+	sleepUntil(st.due())
+	if ended, err := o.expire(t.Context(), gone.name); !ended || err != nil { // get, delete
+		t.Fatalf("expire: ended %v, %v", ended, err)
+	}
+	if err := s.end(t.Context()); err != nil { // delete
+		t.Fatalf("end: %v", err)
+	}
+	wait(func(chs []change) bool {
+		return len(chs) > 0 && chs[len(chs)-1].kind == changeDelete && chs[len(chs)-1].lease.Name == s.name
+	})
+}

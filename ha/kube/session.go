@@ -1,0 +1,295 @@
+// A replica's membership session: one member Lease, created by begin,
+// renewed under a resourceVersion precondition, ended by a guarded
+// delete. The server gives a Lease no TTL; how long a session is valid is
+// the holder's own reckoning from its send times, and how long it looks
+// alive is each observer's (observe.go).
+
+package kube
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+)
+
+// The labels every Lease of a group carries: the group's name, and
+// whether the Lease is a member's or a bucket.
+const (
+	groupLabel  = "ha.bgctl.dev/group"
+	kindLabel   = "ha.bgctl.dev/kind"
+	kindMember  = "member"
+	kindBucket  = "bucket"
+	memberInfix = "-m-"
+	bucketInfix = "-b-"
+)
+
+// defaultBuckets is the number of buckets a group has unless it says
+// otherwise: enough that they spread evenly over tens of replicas, few
+// enough that moving a crashed replica's share takes a few hundred
+// writes at most.
+const defaultBuckets = 256
+
+// errDuplicateSession is begin's answer when a member Lease of that ID
+// exists: another session of the ID is alive, or not yet proven ended (an
+// observer deletes its Lease once it has seen it unchanged for its
+// duration; begin succeeds after that).
+var errDuplicateSession = errors.New("kube: a session of this member ID exists and is not proven ended")
+
+// errSessionLost is the answer of a write to the member Lease that the
+// server refused because the Lease is gone (404) or was written by
+// someone else since the session's own last write (409): an observer
+// judged the session expired and deleted it, or the session's own write
+// timed out on the client and committed later. Either way the session can
+// no longer extend its validity; a new one must begin.
+var errSessionLost = errors.New("kube: member session lost: its Lease was deleted or written since the session's last write")
+
+// errSessionEnded is the answer of renew after end succeeded.
+var errSessionEnded = errors.New("kube: member session ended")
+
+// group is one group's Leases in one namespace: the member Leases
+// <name>-m-<ID>, one per live session, and the bucket Leases
+// <name>-b-<i>, i < buckets, never deleted. Every field is immutable
+// after newGroup.
+type group struct {
+	leases   coordinationv1client.LeaseInterface // the namespace's Leases, with the replica's credentials
+	name     string                              // prefix of every Lease name, value of groupLabel
+	buckets  int                                 // N, fixed for the group's life
+	duration time.Duration                       // D: whole seconds, written into every member Lease
+}
+
+// newGroup returns the group name in the namespace leases is bound to,
+// with the given number of buckets (defaultBuckets if 0) and member lease
+// duration D (rounded up to a whole second, as leaseDurationSeconds
+// holds). It checks that its Lease names and label are valid.
+func newGroup(leases coordinationv1client.LeaseInterface, name string, buckets int, duration time.Duration) (*group, error) {
+	if buckets == 0 {
+		buckets = defaultBuckets
+	}
+	if buckets < 0 {
+		return nil, fmt.Errorf("kube: %d buckets", buckets)
+	}
+	if duration < time.Second {
+		return nil, fmt.Errorf("kube: lease duration %v is under a second", duration)
+	}
+	g := &group{leases: leases, name: name, buckets: buckets, duration: duration.Round(time.Second)}
+	if g.duration < duration {
+		g.duration += time.Second
+	}
+	if errs := validation.IsValidLabelValue(name); len(errs) > 0 {
+		return nil, fmt.Errorf("kube: group name %q: %s", name, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(g.bucketName(buckets - 1)); len(errs) > 0 {
+		return nil, fmt.Errorf("kube: group name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return g, nil
+}
+
+// memberName is the name of the member Lease of ID id.
+func (g *group) memberName(id string) string { return g.name + memberInfix + id }
+
+// bucketName is the name of bucket i's Lease.
+func (g *group) bucketName(i int) string { return fmt.Sprintf("%s%s%d", g.name, bucketInfix, i) }
+
+// labels returns the labels of a Lease of the group of the given kind.
+func (g *group) labels(kind string) map[string]string {
+	return map[string]string{groupLabel: g.name, kindLabel: kind}
+}
+
+// newIdentity returns the identity of a new session of member id: the ID
+// and an incarnation drawn at random, "<ID>/<incarnation>". A replica
+// restarted with the same ID is a different session, and a bucket held by
+// its previous incarnation is known as such. IDs are DNS subdomain
+// characters (they are part of a Lease name), so the last "/" splits it.
+func newIdentity(id string) string {
+	return id + "/" + strings.ToLower(rand.Text())
+}
+
+// identityID returns the member ID of a session identity, and false if
+// identity is not one.
+func identityID(identity string) (string, bool) {
+	i := strings.LastIndexByte(identity, '/')
+	if i <= 0 || i == len(identity)-1 {
+		return "", false
+	}
+	return identity[:i], true
+}
+
+// sessionState is where a session is in its life.
+//
+//	sessionLive ──renew answered 404 or 409, or end answered either──▶ sessionLost
+//	     │
+//	     └──────────────end succeeded─────────────────────────────────▶ sessionEnded
+//
+// Both ends are final: a session never comes back. A replica that lost
+// its session begins a new one, with a new identity, which the server
+// accepts once the old member Lease is gone. A renewal that fails otherwise (a
+// timeout, the server unavailable) leaves the session live: its validity
+// is simply not extended, and the caller's fence runs out by itself.
+type sessionState int
+
+const (
+	sessionLive sessionState = iota
+	sessionLost
+	sessionEnded
+)
+
+// session is one membership session: the member Lease <group>-m-<ID>,
+// holderIdentity the session's identity, leaseDurationSeconds D.
+//
+// # Validity, counted from send times
+//
+// The server keeps no TTL. A write to the Lease that the server answered
+// with success makes the session valid until
+//
+//	validUntil = sent + D
+//
+// where sent is the holder's monotonic clock read before the request was
+// sent. Observers (observe.go) stamp each new resourceVersion with their
+// own receipt time t, and delete the Lease only if it is unchanged at
+// t + D. Since sent < commit < t, the holder's validity ends before any
+// observer may delete; the caller's fence passes Margin earlier still,
+// at validUntil − Margin, and Margin covers the rate difference of the two
+// monotonic clocks (500 ppm of D is 1 ms per 2 s) and the time user code
+// takes to return once cancelled. Sample, D = 10 s, Margin = 2 s:
+//
+//	holder sends renewal at s = 100.000 (its clock), answered at 100.040
+//	validUntil = 110.000, fence passes at 108.000
+//	server commits rv 7 at 100.020; observer receives it at t = 100.030 (its clock)
+//	observer may delete rv 7 from 110.030: the holder's fence passed 2.030 s earlier
+//	if the holder's next renewal (sent 103.000) commits rv 8 first, that delete fails
+//
+// # Writes under precondition
+//
+// Every write to the Lease names the resourceVersion of the session's own
+// last write (update) or its UID and resourceVersion (delete), so a write
+// by anyone else in between, and above all an observer's delete, makes
+// the session's next write fail: 404 or 409, errSessionLost. renewTime is
+// set for people reading the Lease; nobody's safety reads it, as it comes
+// from another machine's clock.
+type session struct {
+	g        *group // immutable
+	id       string // immutable: the member ID
+	identity string // immutable: "<ID>/<incarnation>", holder of the member Lease and of the session's buckets
+	name     string // immutable: the member Lease's name
+
+	// mu is held across each write to the member Lease (renew, end):
+	// each names the resourceVersion the previous one produced, so two
+	// at once would refuse each other and lose the session.
+	mu    sync.Mutex
+	lease *coordinationv1.Lease // guarded by mu: the member Lease as the session's last successful write left it
+	state sessionState          // guarded by mu
+}
+
+// begin starts a session of member id: it creates the member Lease, and
+// answers the session and how long it is valid (sent + D, sent the time
+// the create was sent). If a member Lease of that ID exists, it answers
+// errDuplicateSession: the ID's previous session is alive or not yet
+// proven ended.
+func (g *group) begin(ctx context.Context, id string) (*session, time.Time, error) {
+	name := g.memberName(id)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return nil, time.Time{}, fmt.Errorf("kube: member ID %q: %s", id, strings.Join(errs, "; "))
+	}
+	identity := newIdentity(id)
+	sent := time.Now()
+	l := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: g.labels(kindMember)},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       &identity,
+			LeaseDurationSeconds: new(int32(g.duration / time.Second)),
+			AcquireTime:          &metav1.MicroTime{Time: sent},
+			RenewTime:            &metav1.MicroTime{Time: sent},
+		},
+	}
+	created, err := g.leases.Create(ctx, l, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil, time.Time{}, fmt.Errorf("%w: %s", errDuplicateSession, name)
+	}
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w", id, err)
+	}
+	s := &session{g: g, id: id, identity: identity, name: name, lease: created}
+	return s, sent.Add(g.duration), nil
+}
+
+// renew writes the member Lease again on the resourceVersion of the
+// session's last write, and answers validUntil = sent + D, sent read just
+// before the request went out (see session). A 404 or 409 answer is
+// errSessionLost, and the session is lost for good. Renewals of one
+// session run one at a time.
+func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stateErrLocked(); err != nil {
+		return time.Time{}, err
+	}
+	next := s.lease.DeepCopy()
+	sent := time.Now()
+	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it
+	got, err := s.g.leases.Update(ctx, next, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		s.state = sessionLost
+		return time.Time{}, fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("kube: renewing %s: %w", s.name, err)
+	}
+	s.lease = got
+	return sent.Add(s.g.duration), nil
+}
+
+// end deletes the member Lease on condition of its UID and the
+// resourceVersion of the session's last write. The caller has stopped
+// everything the session's buckets run: once the Lease is gone, others
+// take its buckets at once (bucket.go). A refused delete means the
+// session was lost already (errSessionLost).
+func (s *session) end(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stateErrLocked(); err != nil {
+		if errors.Is(err, errSessionEnded) {
+			return nil
+		}
+		return err
+	}
+	uid, rv := s.lease.UID, s.lease.ResourceVersion
+	err := s.g.leases.Delete(ctx, s.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		s.state = sessionLost
+		return fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)
+	}
+	if err != nil {
+		return fmt.Errorf("kube: ending %s: %w", s.name, err)
+	}
+	s.state = sessionEnded
+	return nil
+}
+
+// live reports whether the session has neither been lost nor ended, as
+// far as its own writes know.
+func (s *session) live() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == sessionLive
+}
+
+// stateErrLocked returns the error of a session that is no longer live.
+func (s *session) stateErrLocked() error {
+	switch s.state {
+	case sessionLost:
+		return fmt.Errorf("%w: %s", errSessionLost, s.name)
+	case sessionEnded:
+		return fmt.Errorf("%w: %s", errSessionEnded, s.name)
+	}
+	return nil
+}
