@@ -15,6 +15,8 @@ import (
 	"io"
 	"maps"
 	"slices"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
 )
 
 // claimsAnnotation is the annotation of a bucket Lease that holds its
@@ -156,6 +158,24 @@ func encodeClaims(c bucketClaims) (string, error) {
 
 func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+// claimsOf returns the claims that bucket Lease l carries.
+func claimsOf(l *coordinationv1.Lease) (bucketClaims, error) {
+	return decodeClaims(l.Annotations[claimsAnnotation])
+}
+
+// setClaims writes c into bucket Lease l, for an update of l.
+func setClaims(l *coordinationv1.Lease, c bucketClaims) error {
+	v, err := encodeClaims(c)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", l.Name, err)
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[claimsAnnotation] = v
+	return nil
 }
 
 // errMalformedClaims is returned by decodeClaims for a value that

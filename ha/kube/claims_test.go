@@ -4,6 +4,7 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Every version of a group must put a name in the same bucket: these are
@@ -214,4 +218,40 @@ func FuzzDecodeClaims(f *testing.F) {
 			t.Fatalf("claims decoded from %q do not survive a round trip: %v", v, err)
 		}
 	})
+}
+
+// A full bucket's claims go through the API server as they are: the
+// annotation is accepted, and read back (by another client, from the
+// server) it decodes to the same claims.
+func TestClaimsSurviveTheAPIServer(t *testing.T) {
+	c := needCluster(t)
+	applyManifest(t, c)
+	leases := c.replica.CoordinationV1().Leases(replicaNamespace)
+	claims := bucketClaims{}
+	for i := range 100_000 {
+		name := fmt.Sprintf("default/endpoint-%013d", i)
+		if bucketOf(name, 256) == 3 {
+			claims[name] = entry{session: fmt.Sprintf("replica-%d/0123456789abcdef", i%3), token: int64(i)}
+		}
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{GenerateName: "claims-"}}
+	if err := setClaims(l, claims); err != nil {
+		t.Fatal(err)
+	}
+	created, err := leases.Create(t.Context(), l, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating a bucket with %d claims: %v", len(claims), err)
+	}
+	t.Cleanup(func() { _ = leases.Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+	read, err := c.admin.CoordinationV1().Leases(replicaNamespace).Get(t.Context(), created.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := claimsOf(read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(back, claims) {
+		t.Errorf("%d claims written, %d read back, or changed", len(claims), len(back))
+	}
 }
