@@ -173,17 +173,11 @@ func TestPausedHolderIsRefusedWhenItWakes(t *testing.T) {
 		feedDone <- gt.feed(feedCtx, "", func(ch change) {
 			mu.Lock()
 			defer mu.Unlock()
+			o.observe(ch)
 			record := func(kind changeKind, l *coordinationv1.Lease) {
-				switch {
-				case !isMember(l):
+				if !isMember(l) {
 					lastBucket[l.Name] = l
-				case l.Name == taker.name:
-				case kind == changeDelete:
-					o.forget(l.Name)
-				default:
-					o.see(l, ch.at)
-				}
-				if l.Name == paused.name {
+				} else if l.Name == paused.name {
 					memberSeen = append(memberSeen, kind)
 				}
 			}
@@ -218,15 +212,15 @@ func TestPausedHolderIsRefusedWhenItWakes(t *testing.T) {
 		if _, err := taker.renew(t.Context()); err != nil {
 			t.Fatalf("the taker's renewal: %v", err)
 		}
-		for _, name := range o.due(time.Now()) {
-			ended, err := o.expire(t.Context(), name)
+		for _, id := range o.due(time.Now()) {
+			ended, err := o.expire(t.Context(), id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ended && name == paused.name {
+			if ended && id == paused.identity {
 				provenAt = time.Now()
 			} else if ended {
-				t.Fatalf("the observer ended %s, which is not the paused holder's", name)
+				t.Fatalf("the observer ended %s, which is not the paused holder", id)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,8 @@ func readManifest(t testing.TB) []runtime.Object {
 // lets the replicas create Leases.
 func applyManifest(t testing.TB, c *cluster) {
 	t.Helper()
+	manifestMu.Lock() // parallel tests: each apply reads, then updates on what it read
+	defer manifestMu.Unlock()
 	ctx := t.Context()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: replicaNamespace}}
 	if err := apply(ctx, c.admin.CoreV1().Namespaces(), ns); err != nil {
@@ -97,6 +100,9 @@ func applyManifest(t testing.TB, c *cluster) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// manifestMu makes the tests' applyManifest calls one at a time.
+var manifestMu sync.Mutex
 
 // objectClient is what apply needs of a typed client.
 type objectClient[T metav1.Object] interface {
@@ -285,9 +291,9 @@ func TestPrimitivesNeedNoMoreThanTheManifestRole(t *testing.T) {
 	o := newObserver(otherReplica(t, c, g, nil))
 	gone, _ := mustBegin(t, g, "r2")
 	seeNow(t, o, gone) // get
-	st, _ := o.stampOf(gone.name)
+	st, _ := o.stampOf(gone.identity)
 	sleepUntil(st.due())
-	if ended, err := o.expire(t.Context(), gone.name); !ended || err != nil { // get, delete
+	if ended, err := o.expire(t.Context(), gone.identity); !ended || err != nil { // get, delete
 		t.Fatalf("expire: ended %v, %v", ended, err)
 	}
 	if err := s.end(t.Context()); err != nil { // delete
