@@ -173,7 +173,8 @@ func TestFeedInOrderAndRelistAfterExpiry(t *testing.T) {
 
 	// Resumed from the first snapshot's version after etcd compacted it
 	// away: the uncached server answers 410, and the feed lists again.
-	uncached, err := newGroup(uncachedServer(t, c).CoordinationV1().Leases(replicaNamespace), g.name, g.buckets, g.duration)
+	leases := uncachedServer(t, c).CoordinationV1().Leases(replicaNamespace)
+	uncached, err := newGroup(leases, leases, g.name, g.buckets, g.duration)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func memberLease(g *group, identity, uid, rv string) *coordinationv1.Lease {
 // known to follow its last renewal, or at once after the observer's own
 // guarded delete; evidence that may be out of order ends nothing.
 func TestObserverEndsOnItsOwnEvidenceOnly(t *testing.T) {
-	g, err := newGroup(nil, "g", 4, 2*time.Second)
+	g, err := newGroup(nil, nil, "g", 4, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

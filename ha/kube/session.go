@@ -60,18 +60,28 @@ var errSessionEnded = errors.New("kube: member session ended")
 // <name>-m-<ID>, one per live session, and the bucket Leases
 // <name>-b-<i>, i < buckets, never deleted. Every field is immutable
 // after newGroup.
+//
+// A replica reaches the Leases through two clients (leaseClients): one
+// for a session's writes to its own member Lease (begin, renew, end),
+// one for everything else (claims, the observers' reads and deletes, the
+// feed), each with a client-side rate limiter of its own, so that a
+// renewal never waits behind a burst of claim writes (a takeover of a
+// crashed replica's buckets is hundreds of them), whose delay would eat
+// into the fence (DESIGN.md, "Assumptions").
 type group struct {
-	leases   coordinationv1client.LeaseInterface // the namespace's Leases, with the replica's credentials
+	leases   coordinationv1client.LeaseInterface // the namespace's Leases, with the replica's credentials: claims, reads, the feed
+	renewals coordinationv1client.LeaseInterface // the same, through a client and rate limiter of their own: member Lease writes
 	name     string                              // prefix of every Lease name, value of groupLabel
 	buckets  int                                 // N, fixed for the group's life
 	duration time.Duration                       // D: whole seconds, written into every member Lease
 }
 
-// newGroup returns the group name in the namespace leases is bound to,
-// with the given number of buckets (defaultBuckets if 0) and member lease
-// duration D (rounded up to a whole second, as leaseDurationSeconds
-// holds). It checks that its Lease names and label are valid.
-func newGroup(leases coordinationv1client.LeaseInterface, name string, buckets int, duration time.Duration) (*group, error) {
+// newGroup returns the group name in the namespace leases and renewals
+// are bound to (the two clients of leaseClients), with the given number
+// of buckets (defaultBuckets if 0) and member lease duration D (rounded
+// up to a whole second, as leaseDurationSeconds holds). It checks that
+// its Lease names and label are valid.
+func newGroup(leases, renewals coordinationv1client.LeaseInterface, name string, buckets int, duration time.Duration) (*group, error) {
 	if buckets == 0 {
 		buckets = defaultBuckets
 	}
@@ -81,7 +91,7 @@ func newGroup(leases coordinationv1client.LeaseInterface, name string, buckets i
 	if duration < time.Second {
 		return nil, fmt.Errorf("kube: lease duration %v is under a second", duration)
 	}
-	g := &group{leases: leases, name: name, buckets: buckets, duration: duration.Round(time.Second)}
+	g := &group{leases: leases, renewals: renewals, name: name, buckets: buckets, duration: duration.Round(time.Second)}
 	if g.duration < duration {
 		g.duration += time.Second
 	}
@@ -211,7 +221,7 @@ func (g *group) begin(ctx context.Context, id string) (*session, time.Time, erro
 			RenewTime:            &metav1.MicroTime{Time: sent},
 		},
 	}
-	created, err := g.leases.Create(ctx, l, metav1.CreateOptions{})
+	created, err := g.renewals.Create(ctx, l, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil, time.Time{}, fmt.Errorf("%w: %s", errDuplicateSession, name)
 	}
@@ -236,7 +246,7 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 	next := s.lease.DeepCopy()
 	sent := time.Now()
 	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it
-	got, err := s.g.leases.Update(ctx, next, metav1.UpdateOptions{})
+	got, err := s.g.renewals.Update(ctx, next, metav1.UpdateOptions{})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		s.state = sessionLost
 		return time.Time{}, fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)
@@ -263,7 +273,7 @@ func (s *session) end(ctx context.Context) error {
 		return err
 	}
 	uid, rv := s.lease.UID, s.lease.ResourceVersion
-	err := s.g.leases.Delete(ctx, s.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	err := s.g.renewals.Delete(ctx, s.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		s.state = sessionLost
 		return fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -46,11 +45,10 @@ func (tp *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// replicaClient returns a clientset of its own with the replicas' token
-// (the manifest's ServiceAccount), its transport wrapped in tp if not
-// nil. The cluster closes its connections as it stops.
-func replicaClient(t testing.TB, c *cluster, tp *tap) *kubernetes.Clientset {
-	t.Helper()
+// replicaConfig returns the configuration of a replica's clients: the
+// replicas' token (the manifest's ServiceAccount), the server's CA, and
+// the transport wrapped in tp if not nil.
+func replicaConfig(c *cluster, tp *tap) *rest.Config {
 	cfg := &rest.Config{
 		Host:            c.api.url,
 		BearerToken:     c.api.replicaToken,
@@ -60,28 +58,31 @@ func replicaClient(t testing.TB, c *cluster, tp *tap) *kubernetes.Clientset {
 	if tp != nil {
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { tp.rt = rt; return tp }
 	}
+	return cfg
+}
+
+// replicaHTTP returns an HTTP client for cfg, whose connections the
+// cluster closes as it stops.
+func replicaHTTP(t testing.TB, c *cluster, cfg *rest.Config) *http.Client {
+	t.Helper()
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.track(hc)
-	cs, err := kubernetes.NewForConfigAndClient(cfg, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
+	return hc
 }
 
 // newTestGroup applies the manifest and returns a group of a name of its
 // own (the tests run several times against one server) with buckets
-// buckets and D = testD, for a replica of its own client (tp as in
-// replicaClient). The administrator deletes the group's Leases when the
-// test ends.
+// buckets and D = testD, for a replica of its own clients (leaseClients,
+// tp as in replicaConfig). The administrator deletes the group's Leases
+// when the test ends.
 func newTestGroup(t *testing.T, c *cluster, buckets int, tp *tap) *group {
 	t.Helper()
 	applyManifest(t, c)
 	name := "g" + strings.ToLower(rand.Text()[:10])
-	g, err := newGroup(replicaClient(t, c, tp).CoordinationV1().Leases(replicaNamespace), name, buckets, testD)
+	g, err := newGroup(nil, nil, name, buckets, testD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,15 +93,25 @@ func newTestGroup(t *testing.T, c *cluster, buckets int, tp *tap) *group {
 			t.Errorf("deleting group %s: %v", name, err)
 		}
 	})
-	return g
+	return groupOn(t, c, g, replicaConfig(c, tp))
 }
 
 // otherReplica returns g as another replica sees it: the same group, on
-// a client of its own (tp as in replicaClient).
+// clients of its own (tp as in replicaConfig).
 func otherReplica(t *testing.T, c *cluster, g *group, tp *tap) *group {
 	t.Helper()
+	return groupOn(t, c, g, replicaConfig(c, tp))
+}
+
+// groupOn returns g on the clients leaseClients makes of cfg.
+func groupOn(t *testing.T, c *cluster, g *group, cfg *rest.Config) *group {
+	t.Helper()
 	other := *g
-	other.leases = replicaClient(t, c, tp).CoordinationV1().Leases(replicaNamespace)
+	var err error
+	other.leases, other.renewals, err = leaseClients(cfg, replicaHTTP(t, c, cfg), replicaNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &other
 }
 
