@@ -16,7 +16,7 @@ import (
 const testMargin = testD / 4
 
 // The renewals go through a client and rate limiter of their own: with
-// the claims' client held to one request a second and dozens of claims
+// the claims' client held to one request a second and dozens of changes
 // queued on it, every renewal is still answered within a renewal period,
 // (D − Margin)/4.
 func TestRenewalsDoNotQueueBehindClaims(t *testing.T) {
@@ -27,6 +27,7 @@ func TestRenewalsDoNotQueueBehindClaims(t *testing.T) {
 	cfg.QPS, cfg.Burst = 1, 1
 	slow := groupOn(t, c, g, cfg)
 	s, _ := mustBegin(t, slow, "r1")
+	o := newObserver(slow)
 
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
@@ -34,7 +35,7 @@ func TestRenewalsDoNotQueueBehindClaims(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	for i := range buckets {
 		wg.Go(func() {
-			if _, err := s.claim(ctx, i); err == nil {
+			if _, err := s.change(ctx, o, i, claimChange{claim: namesIn(g, i, 1)}); err == nil {
 				finished.Add(1)
 			}
 		})
@@ -54,7 +55,7 @@ func TestRenewalsDoNotQueueBehindClaims(t *testing.T) {
 		sleepUntil(sent.Add(period))
 	}
 	if n := finished.Load(); n > buckets/4 {
-		t.Fatalf("%d of %d claims finished in 3 s at 1 request a second: the claims' limiter was not saturated", n, buckets)
+		t.Fatalf("%d of %d changes finished in 3 s at 1 request a second: the claims' limiter was not saturated", n, buckets)
 	}
-	t.Logf("slowest renewal %v, %d of %d claims through", slowest, finished.Load(), buckets)
+	t.Logf("slowest renewal %v, %d of %d changes through", slowest, finished.Load(), buckets)
 }

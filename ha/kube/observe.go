@@ -281,12 +281,56 @@ func (o *observer) proven(identity string) {
 // this observer saw (see observer): its own guarded delete of the
 // session's member Lease, or D passed on its clock since a time after
 // the session's last renewal committed. It is the ended of the claims'
-// rule (bucketClaims.apply); it reads nothing.
+// rule (bucketClaims.apply); it reads nothing, so the observer must have
+// learnt of the identity first (learn).
 func (o *observer) ended(identity string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e, ok := o.ends[identity]
 	return ok && (e.proven || !time.Now().Before(e.since.Add(e.duration)))
+}
+
+// learn makes sure the observer knows something of each session of
+// identities, which the caller knows existed (a bucket read before the
+// call names them): one it has neither stamped nor seen end is looked up
+// by a quorum read of its ID's member Lease, which stamps it, or starts
+// the clock of its end when the Lease is absent or of another
+// incarnation. An identity that is not one ("<ID>/<incarnation>") is an
+// error.
+func (o *observer) learn(ctx context.Context, identities []string) error {
+	for _, identity := range identities {
+		id, ok := identityID(identity)
+		if !ok {
+			return fmt.Errorf("kube: holder %q is not a session identity", identity)
+		}
+		if o.knows(identity) {
+			continue
+		}
+		cur, err := o.g.leases.Get(ctx, o.g.memberName(id), metav1.GetOptions{}) // no resourceVersion: a quorum read
+		switch {
+		case apierrors.IsNotFound(err):
+			o.absent(identity, time.Now())
+		case err != nil:
+			return fmt.Errorf("kube: reading the member Lease of %s: %w", id, err)
+		default:
+			at := time.Now()
+			o.see(cur, at)
+			if holder(cur) != identity {
+				o.absent(identity, at)
+			}
+		}
+	}
+	return nil
+}
+
+// knows reports whether the observer has stamped identity's member Lease
+// or knows of its end.
+func (o *observer) knows(identity string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, stamped := o.stamps[identity]
+	_, over := o.ends[identity]
+	return stamped || over
 }
 
 // stampOf returns the observer's stamp of identity's member Lease.

@@ -270,7 +270,7 @@ func TestReplicaIsForbiddenBeyondItsLeases(t *testing.T) {
 // Every primitive of the backend runs with the replicas' token, bound to
 // the manifest's Role and nothing more: begin, renew, claim, release, the
 // feed's list and watch, an observer's quorum read and guarded delete,
-// end. (Every test of session_test.go, bucket_test.go and feed_test.go
+// end. (Every test of session_test.go, claimwrite_test.go and feed_test.go
 // runs as the replicas too; this one puts them all in one place, so that
 // a verb dropped from the Role fails here by name.)
 func TestPrimitivesNeedNoMoreThanTheManifestRole(t *testing.T) {
@@ -281,14 +281,14 @@ func TestPrimitivesNeedNoMoreThanTheManifestRole(t *testing.T) {
 	if _, err := s.renew(t.Context()); err != nil { // update
 		t.Fatalf("renew: %v", err)
 	}
-	h, err := s.claim(t.Context(), 0) // get, create
-	if err != nil {
+	o := newObserver(otherReplica(t, c, g, nil))
+	name := namesIn(g, 0, 1)[0]
+	if _, err := s.change(t.Context(), o, 0, claimChange{claim: []string{name}}); err != nil { // get, create
 		t.Fatalf("claim: %v", err)
 	}
-	if err := s.release(t.Context(), h); err != nil { // update
+	if _, err := s.change(t.Context(), o, 0, claimChange{release: []string{name}}); err != nil { // get, update
 		t.Fatalf("release: %v", err)
 	}
-	o := newObserver(otherReplica(t, c, g, nil))
 	gone, _ := mustBegin(t, g, "r2")
 	seeNow(t, o, gone) // get
 	st, _ := o.stampOf(gone.identity)

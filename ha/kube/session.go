@@ -117,7 +117,7 @@ func (g *group) labels(kind string) map[string]string {
 
 // newIdentity returns the identity of a new session of member id: the ID
 // and an incarnation drawn at random, "<ID>/<incarnation>". A replica
-// restarted with the same ID is a different session, and a bucket held by
+// restarted with the same ID is a different session, and a name held by
 // its previous incarnation is known as such. IDs are DNS subdomain
 // characters (they are part of a Lease name), so the last "/" splits it.
 func newIdentity(id string) string {
@@ -189,7 +189,7 @@ const (
 type session struct {
 	g        *group // immutable
 	id       string // immutable: the member ID
-	identity string // immutable: "<ID>/<incarnation>", holder of the member Lease and of the session's buckets
+	identity string // immutable: "<ID>/<incarnation>", holder of the member Lease and of the session's names in the buckets
 	name     string // immutable: the member Lease's name
 
 	// mu is held across each write to the member Lease (renew, end):
@@ -260,9 +260,11 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 
 // end deletes the member Lease on condition of its UID and the
 // resourceVersion of the session's last write. The caller has stopped
-// everything the session's buckets run: once the Lease is gone, others
-// take its buckets at once (bucket.go). A refused delete means the
-// session was lost already (errSessionLost).
+// everything the session's names run and removed its entries from the
+// buckets first (DESIGN.md, rule 9): names it still held are taken by
+// others only D after their observers last saw the Lease, as a deletion
+// they did not make proves nothing to them (observe.go). A refused
+// delete means the session was lost already (errSessionLost).
 func (s *session) end(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -285,12 +287,13 @@ func (s *session) end(ctx context.Context) error {
 	return nil
 }
 
-// live reports whether the session has neither been lost nor ended, as
-// far as its own writes know.
-func (s *session) live() bool {
+// stateErr returns nil while the session has neither been lost nor
+// ended, as far as its own writes know, else errSessionLost or
+// errSessionEnded.
+func (s *session) stateErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state == sessionLive
+	return s.stateErrLocked()
 }
 
 // stateErrLocked returns the error of a session that is no longer live.
