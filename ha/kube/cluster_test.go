@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,7 +77,16 @@ type cluster struct {
 	// ServiceAccount deploy/rbac.yaml binds. Their HTTP clients are
 	// the tests' own, so that stop can close their connections.
 	admin, replica *kubernetes.Clientset
-	httpClients    []*http.Client
+
+	mu          sync.Mutex
+	httpClients []*http.Client // guarded by mu: every HTTP client made for the tests (parallel tests add theirs)
+}
+
+// track records hc, for stop to close its connections.
+func (c *cluster) track(hc *http.Client) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.httpClients = append(c.httpClients, hc)
 }
 
 // startCluster gets the releases asked for and starts them, trying three
@@ -151,12 +161,14 @@ func (c *cluster) client(token string) (*kubernetes.Clientset, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.httpClients = append(c.httpClients, hc)
+	c.track(hc)
 	return kubernetes.NewForConfigAndClient(cfg, hc)
 }
 
 // stop stops the kube-apiserver, then its etcd, and removes their files.
 func (c *cluster) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, hc := range c.httpClients {
 		hc.CloseIdleConnections()
 	}

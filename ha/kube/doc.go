@@ -5,14 +5,18 @@
 //
 // Its safety primitives exist, unexported, for the backend interface the
 // shared part of ha will call: a member session per replica, one Lease,
-// valid from the send time of its last answered renewal (session.go);
+// valid from the send time of its last answered renewal, written through
+// a client and rate limiter of its own (session.go, clients.go);
 // observers that prove a silent session ended by a delete guarded by the
-// version they saw unchanged for the lease duration on their own clock
-// (observe.go); buckets, Leases never deleted, claimed by one guarded
-// write, living off the holder's session, their leaseTransitions a token
-// that only grows (bucket.go); and a feed of the group's Leases in commit
-// order that lists again when its watch expires (feed.go). The safety
-// argument is written where their states are declared.
+// version they saw unchanged for the lease duration on their own clock,
+// and that count a deletion they did not make as an end only D after a
+// time they know to follow the session's last renewal (observe.go);
+// claims of names as entries in a fixed set of bucket Leases, never
+// deleted, changed by one update guarded by the resourceVersion read,
+// their leaseTransitions a token that only grows per name (claims.go,
+// claimwrite.go); and a feed of the group's Leases in commit order that
+// lists again when its watch expires (feed.go). The safety argument is
+// written where their states are declared.
 //
 // Beneath them lies the ground the backend stands on, tested against a
 // real kube-apiserver rather than a fake:

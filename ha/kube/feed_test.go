@@ -141,11 +141,12 @@ func TestFeedInOrderAndRelistAfterExpiry(t *testing.T) {
 	if _, _, err := other.begin(ctx, "r1"); err != nil {
 		t.Fatal(err)
 	}
-	h, err := s.claim(ctx, 2)
-	if err != nil {
+	o := newObserver(g)
+	name := namesIn(g, 2, 1)[0]
+	if _, err := s.change(ctx, o, 2, claimChange{claim: []string{name}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.release(ctx, h); err != nil {
+	if _, err := s.change(ctx, o, 2, claimChange{release: []string{name}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.end(ctx); err != nil {
@@ -167,13 +168,16 @@ func TestFeedInOrderAndRelistAfterExpiry(t *testing.T) {
 	if len(got[0].leases) != 0 {
 		t.Fatalf("the first snapshot of a new group: %s, want it empty", describe(got[:1]))
 	}
-	if holder(got[2].lease) != s.identity || holder(got[3].lease) != "" {
-		t.Fatalf("the bucket's puts show holders %q then %q, want %q then none", holder(got[2].lease), holder(got[3].lease), s.identity)
+	claimed, err1 := claimsOf(got[2].lease)
+	released, err2 := claimsOf(got[3].lease)
+	if err1 != nil || err2 != nil || claimed[name].session != s.identity || len(released) != 0 {
+		t.Fatalf("the bucket's puts show claims %v (%v) then %v (%v), want %s held by %s then none", claimed, err1, released, err2, name, s.identity)
 	}
 
 	// Resumed from the first snapshot's version after etcd compacted it
 	// away: the uncached server answers 410, and the feed lists again.
-	uncached, err := newGroup(uncachedServer(t, c).CoordinationV1().Leases(replicaNamespace), g.name, g.buckets, g.duration)
+	leases := uncachedServer(t, c).CoordinationV1().Leases(replicaNamespace)
+	uncached, err := newGroup(leases, leases, g.name, g.buckets, g.duration)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
-// Expiry judged by observers: with no TTL on the server, a member Lease
-// is proven ended only by a delete that another replica makes after
-// seeing it unchanged for its duration on its own clock, guarded so that
-// it fails if the holder renewed meanwhile.
+// Expiry judged by observers: with no TTL on the server, a session is
+// proven ended only by what this replica itself saw: a delete of its
+// member Lease that this observer made after seeing it unchanged for its
+// duration on its own clock, guarded so that it fails if the holder
+// renewed meanwhile; or the Lease found gone (or of another incarnation),
+// and the holder's fence shown past by this observer's clock since.
 
 package kube
 
@@ -17,21 +19,36 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// stamp is what an observer knows of one member Lease: the version it
-// last saw, and when it first saw that version on its own monotonic
-// clock.
+// stamp is what an observer knows of one session's member Lease while
+// it does not know the session ended: the version it last saw, and when
+// it first saw that version on its own monotonic clock.
 type stamp struct {
+	name     string // the member Lease's name
 	uid      types.UID
 	rv       string        // the resourceVersion seen
 	seen     time.Time     // monotonic: first receipt of rv (a watch event or a read), after its commit
 	duration time.Duration // D, as leaseDurationSeconds says at rv
+	// fed: the feed has shown a version of this session's Lease. From
+	// then on it shows every later version (as an event, or in a
+	// listing) before the Lease's deletion, in commit order.
+	fed bool
 }
 
 // due returns when the stamped version may be judged expired: seen + D.
 func (st stamp) due() time.Time { return st.seen.Add(st.duration) }
 
-// observer judges other sessions' member Leases expired, and proves it
-// by deleting them.
+// endSign is what an observer knows of the end of one session whose
+// member Lease is gone or of another incarnation: either the observer's
+// own guarded delete proved it, or the session counts as ended from
+// since + duration on the observer's clock.
+type endSign struct {
+	proven   bool          // this observer's guarded delete of the session's Lease succeeded
+	since    time.Time     // monotonic: a time after the commit of the session's last renewal (see observer)
+	duration time.Duration // D of the session's Lease, or the group's when the observer never saw it
+}
+
+// observer judges other sessions ended, and proves it where it can by
+// deleting their member Leases.
 //
 // # The rule
 //
@@ -54,134 +71,359 @@ func (st stamp) due() time.Time { return st.seen.Add(st.duration) }
 //	          (had the read come before the renewal: delete on rv 41 → 409,
 //	          a wasted write, then a read and a restamp as above)
 //
+// # A Lease gone by no delete of this observer's (DESIGN.md, "An early end")
+//
+// An administrator may delete a member Lease by hand (kubectl delete),
+// and another replica's observer deletes Leases too. Such a deletion
+// proves nothing by itself: the holder may have renewed just before it,
+// and its fence, counted from that renewal's send time, stays open until
+// its next renewal is answered 404, or for D − Margin if that renewal
+// never arrives (a paused or partitioned holder). So the observer counts
+// D from a time it knows to be after the commit of the holder's last
+// renewal:
+//
+//   - the feed reported the deletion (a Deleted event) of a Lease whose
+//     versions it had been showing (fed): the feed shows every version
+//     of the Lease in commit order from the first it showed, so the
+//     holder's last renewal is a version the feed showed before the
+//     deletion, and the stamp (its first receipt, or a later restamp) is
+//     after its commit: D counts from the stamp;
+//   - otherwise, the Lease found absent or of another incarnation by a
+//     read that is known to come after the session's Lease existed (a
+//     quorum read of the Lease of a session stamped or named by a bucket
+//     read before it, or the feed's listing after it showed the Lease):
+//     renewals may have committed since the last version stamped, unseen
+//     (a stalled feed), so the stamp proves nothing; D counts from the
+//     receipt of that read, which came after the deletion, itself after
+//     every renewal of the session.
+//
+// Whichever comes first counts. Nothing else ends a session: in
+// particular not a Lease of another incarnation that a read brings while
+// the older one is stamped, as two reads may be answered out of their
+// order (the older one would then look like the newer's end), nor a
+// listing that lacks a session only reads showed (the listing may be
+// older than those reads). Sample, D = 3 s, an administrator's delete at
+// 54.5 while the feed is stalled from 50.1:
+//
+//	t = 50.0  the feed brings rv 41 (stamp 50.0); then it stalls
+//	t = 51.0 … 54.0  the holder renews (rv 42 … 45), sent at 54.0 last
+//	t = 54.5  the administrator deletes the Lease
+//	t = 55.0  a claim's quorum read finds it absent: ended from 58.0
+//	          (D from the stamp, 53.0, would be before the holder's
+//	          validity, 57.0, runs out)
+//	t = 55.2  the holder's renewal is answered 404: its fence passes
+//	          (had it been paused, its fence would pass by 57.0 − Margin)
+//	t = 56.0  the feed recovers and brings rv 42 … 45 (stamps of an
+//	          ending session are not taken), then the Deleted event,
+//	          whose own receipt (56.0) is later: 58.0 stands
+//
+// # A session's life as the observer sees it
+//
+//	unknown ──see (a version of its Lease)──▶ present (stamp; restamped by every new version)
+//	present ──this observer's guarded delete succeeded──▶ proven
+//	present (fed) ──the feed's Deleted event, or its listing without it──▶ ending (since = the stamp, or the listing's receipt)
+//	present, unknown ──absent or another incarnation, by a read after it existed──▶ ending (since = receipt)
+//	ending ──an earlier safe since──▶ ending (the earlier)
+//	ending ──since + D passed──▶ ended (by the clock: nothing is written)
+//
+// proven and ending are kept per identity and never undone: an identity
+// never comes back (begin creates a member Lease only if absent, with a
+// new incarnation), so a version of it read after its end is an old one,
+// and is not stamped.
+//
 // # What a stalled or late feed can do
 //
 // A feed that stops delivering delays nothing but expiry of versions it
 // never showed, and can never make a live holder look dead: the quorum
 // read before the delete sees the renewal, and if the renewal commits
-// between the read and the delete, the delete's precondition fails. A
-// version delivered late is stamped late, which only delays its expiry.
-// The observer never compares resourceVersions (they are opaque): a
-// different one is a new version.
+// between the read and the delete, the delete's precondition fails; and
+// an absence found by a read counts from the read. A version delivered
+// late is stamped late, which only delays its expiry. The observer never
+// compares resourceVersions (they are opaque): a different one is a new
+// version.
 //
 // # What is assumed
 //
-// Nobody deletes a member Lease but its session (end) and observers
-// under this rule; leaseDurationSeconds is only written by the session
-// that created the Lease. The rate difference of the holder's and the
-// observer's monotonic clocks is covered by Margin; clocks need not be
-// synchronized (renewTime is never read).
+// leaseDurationSeconds is only written by the session that created the
+// Lease. The rate difference of the holder's and the observer's
+// monotonic clocks is covered by Margin; clocks need not be synchronized
+// (renewTime is never read).
 type observer struct {
 	g *group // immutable
 
 	mu     sync.Mutex
-	stamps map[string]stamp // guarded by mu: member Lease name → its last seen version
+	stamps map[string]stamp   // guarded by mu: session identity → its member Lease's last version seen, until its end is known
+	ends   map[string]endSign // guarded by mu: session identity → the sign of its end
 }
 
 // newObserver returns an observer of g's member Leases that has seen
 // none.
 func newObserver(g *group) *observer {
-	return &observer{g: g, stamps: make(map[string]stamp)}
+	return &observer{g: g, stamps: make(map[string]stamp), ends: make(map[string]endSign)}
 }
 
-// see records the member Lease l as received at the monotonic time at:
-// a version it has not stamped yet is stamped at; the version it has
-// keeps its first stamp.
+// see records the member Lease l, as a read received it at the monotonic
+// time at: a version it has not stamped yet is stamped at; the version it
+// has keeps its first stamp. A version of a session whose end is known is
+// an old one, and ignored, as is a Lease with no session identity.
 func (o *observer) see(l *coordinationv1.Lease, at time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if st, ok := o.stamps[l.Name]; ok && st.uid == l.UID && st.rv == l.ResourceVersion {
+	o.seeLocked(l, at, false)
+}
+
+// seeLocked is see; fed says the feed brought l.
+func (o *observer) seeLocked(l *coordinationv1.Lease, at time.Time, fed bool) {
+	id := holder(l)
+	if _, ok := identityID(id); !ok {
+		return
+	}
+	if _, over := o.ends[id]; over {
+		return
+	}
+	st, ok := o.stamps[id]
+	fed = fed || (ok && st.fed)
+	if ok && st.uid == l.UID && st.rv == l.ResourceVersion {
+		st.fed = fed
+		o.stamps[id] = st
 		return
 	}
 	d := o.g.duration
 	if l.Spec.LeaseDurationSeconds != nil {
 		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
-	o.stamps[l.Name] = stamp{uid: l.UID, rv: l.ResourceVersion, seen: at, duration: d}
+	o.stamps[id] = stamp{name: l.Name, uid: l.UID, rv: l.ResourceVersion, seen: at, duration: d, fed: fed}
 }
 
-// forget drops what the observer knows of the member Lease name, which is
-// gone.
-func (o *observer) forget(name string) {
+// observe takes in one change of the group's feed, which must reach the
+// observer whole and in order: member Leases put are seen; a member
+// Lease deleted (the feed's Deleted event, in commit order after all its
+// versions) ends its session from the stamp of its last version if the
+// feed showed its versions, else from the event's receipt; a listing
+// that lacks the Lease of a session the feed showed ends it from the
+// listing's receipt. Bucket Leases are not the observer's.
+func (o *observer) observe(ch change) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.stamps, name)
+	switch ch.kind {
+	case changeSnapshot:
+		listed := map[string]string{} // member Lease name → its holder
+		for _, l := range ch.leases {
+			if isMember(l) {
+				listed[l.Name] = holder(l)
+				o.seeLocked(l, ch.at, true)
+			}
+		}
+		for id, st := range o.stamps {
+			if st.fed && listed[st.name] != id {
+				o.endingLocked(id, ch.at, st.duration)
+			}
+		}
+	case changePut:
+		if isMember(ch.lease) {
+			o.seeLocked(ch.lease, ch.at, true)
+		}
+	case changeDelete:
+		if !isMember(ch.lease) {
+			return
+		}
+		id := holder(ch.lease)
+		if _, ok := identityID(id); !ok {
+			return
+		}
+		since, d := ch.at, o.g.duration
+		if st, ok := o.stamps[id]; ok {
+			d = st.duration
+			if st.fed && st.uid == ch.lease.UID {
+				since = st.seen
+			}
+		}
+		o.endingLocked(id, since, d)
+	}
 }
 
-// stampOf returns the observer's stamp of the member Lease name.
-func (o *observer) stampOf(name string) (stamp, bool) {
+// endingLocked records that the session identity counts as ended from
+// since + d, unless its end is proven or counts from earlier already, and
+// drops its stamp: later versions of an ending session are old ones.
+func (o *observer) endingLocked(identity string, since time.Time, d time.Duration) {
+	delete(o.stamps, identity)
+	if e, ok := o.ends[identity]; ok && (e.proven || !since.Before(e.since)) {
+		return
+	}
+	o.ends[identity] = endSign{since: since, duration: d}
+}
+
+// absent records that a read answered at the monotonic time at, and sent
+// after the session identity's member Lease was known to exist, found it
+// absent or of another incarnation: the session counts as ended from
+// at + D.
+func (o *observer) absent(identity string, at time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	st, ok := o.stamps[name]
+	d := o.g.duration
+	if st, ok := o.stamps[identity]; ok {
+		d = st.duration
+	}
+	o.endingLocked(identity, at, d)
+}
+
+// proven records that the observer's delete of identity's member Lease,
+// guarded by the version it stamped, succeeded: the session is proven
+// ended.
+func (o *observer) proven(identity string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.stamps, identity)
+	o.ends[identity] = endSign{proven: true}
+}
+
+// ended reports whether the session identity is proven ended by what
+// this observer saw (see observer): its own guarded delete of the
+// session's member Lease, or D passed on its clock since a time after
+// the session's last renewal committed. It is the ended of the claims'
+// rule (bucketClaims.apply); it reads nothing, so the observer must have
+// learnt of the identity first (learn).
+func (o *observer) ended(identity string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e, ok := o.ends[identity]
+	return ok && (e.proven || !time.Now().Before(e.since.Add(e.duration)))
+}
+
+// learn makes sure the observer knows something of each session of
+// identities, which the caller knows existed (a bucket read before the
+// call names them): one it has neither stamped nor seen end is looked up
+// by a quorum read of its ID's member Lease, which stamps it, or starts
+// the clock of its end when the Lease is absent or of another
+// incarnation. An identity that is not one ("<ID>/<incarnation>") is an
+// error.
+func (o *observer) learn(ctx context.Context, identities []string) error {
+	for _, identity := range identities {
+		id, ok := identityID(identity)
+		if !ok {
+			return fmt.Errorf("kube: holder %q is not a session identity", identity)
+		}
+		if o.knows(identity) {
+			continue
+		}
+		cur, err := o.g.leases.Get(ctx, o.g.memberName(id), metav1.GetOptions{}) // no resourceVersion: a quorum read
+		switch {
+		case apierrors.IsNotFound(err):
+			o.absent(identity, time.Now())
+		case err != nil:
+			return fmt.Errorf("kube: reading the member Lease of %s: %w", id, err)
+		default:
+			at := time.Now()
+			o.see(cur, at)
+			if holder(cur) != identity {
+				o.absent(identity, at)
+			}
+		}
+	}
+	return nil
+}
+
+// knows reports whether the observer has stamped identity's member Lease
+// or knows of its end.
+func (o *observer) knows(identity string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, stamped := o.stamps[identity]
+	_, over := o.ends[identity]
+	return stamped || over
+}
+
+// stampOf returns the observer's stamp of identity's member Lease.
+func (o *observer) stampOf(identity string) (stamp, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st, ok := o.stamps[identity]
 	return st, ok
 }
 
-// due returns the member Leases whose stamped version is due at now.
+// due returns the sessions whose stamped version is due at now.
 func (o *observer) due(now time.Time) []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var names []string
-	for name, st := range o.stamps {
+	var ids []string
+	for id, st := range o.stamps {
 		if !now.Before(st.due()) {
-			names = append(names, name)
+			ids = append(ids, id)
 		}
 	}
-	return names
+	return ids
 }
 
-// expire proves the session of the member Lease name ended if it can: if
-// the stamped version is due, it reads the Lease with a quorum read, and
-// if that shows the same version, deletes it on condition of it
-// (deleteIfUnchanged). It answers true when the Lease is gone, by its
-// delete or before it; false when it is not due, or a newer version was
-// found (and stamped).
-func (o *observer) expire(ctx context.Context, name string) (bool, error) {
-	st, ok := o.stampOf(name)
+// expire proves the session identity ended if it can: if the stamped
+// version of its member Lease is due, it reads the Lease with a quorum
+// read, and if that shows the same version, deletes it on condition of
+// it (deleteIfUnchanged). It answers whether the session is now ended
+// (ended): true after its own delete succeeded; false when the stamp is
+// not due, a newer version was found (and stamped), or the Lease was
+// found gone or of another incarnation by no delete of this observer's
+// (then the session counts as ended D after this read).
+func (o *observer) expire(ctx context.Context, identity string) (bool, error) {
+	st, ok := o.stampOf(identity)
 	if !ok || time.Now().Before(st.due()) {
-		return false, nil
+		return o.ended(identity), nil
 	}
-	cur, err := o.g.leases.Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
-	if apierrors.IsNotFound(err) {
-		o.forget(name)
-		return true, nil
+	cur, err := o.g.leases.Get(ctx, st.name, metav1.GetOptions{}) // no resourceVersion: a quorum read
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("kube: reading %s: %w", st.name, err)
 	}
 	if err != nil {
-		return false, fmt.Errorf("kube: reading %s: %w", name, err)
+		cur = nil // absent
+	} else if cur.UID == st.uid && cur.ResourceVersion == st.rv {
+		return o.deleteIfUnchanged(ctx, identity)
 	}
-	if cur.UID != st.uid || cur.ResourceVersion != st.rv {
-		o.see(cur, time.Now())
-		return false, nil
-	}
-	return o.deleteIfUnchanged(ctx, name)
+	o.reread(identity, cur, time.Now())
+	return o.ended(identity), nil
 }
 
-// deleteIfUnchanged deletes the member Lease name on condition of the
+// reread takes in what a quorum read of identity's member Lease, sent
+// after the version stamped, answered at at: nil (absent) or a Lease of
+// another incarnation ends the session from at; a newer version of its
+// own is stamped.
+func (o *observer) reread(identity string, cur *coordinationv1.Lease, at time.Time) {
+	if cur != nil {
+		o.see(cur, at)
+	}
+	if cur == nil || holder(cur) != identity {
+		o.absent(identity, at)
+	}
+}
+
+// deleteIfUnchanged deletes identity's member Lease on condition of the
 // UID and resourceVersion the observer stamped, if that stamp is due. It
-// answers true when the Lease is gone (deleted by this call or already
-// before it): its session is proven ended. When the precondition fails
-// (the holder renewed after the stamped version; a wasted write), it
-// reads the Lease again, stamps what it finds, and answers false.
-func (o *observer) deleteIfUnchanged(ctx context.Context, name string) (bool, error) {
-	st, ok := o.stampOf(name)
+// answers true when its delete succeeded: the session is proven ended. A
+// Lease already gone (404) was deleted by someone else, which proves
+// nothing: the session counts as ended D after this answer (ended says
+// when). When the precondition fails (the holder renewed after the
+// stamped version; a wasted write), it reads the Lease again, stamps what
+// it finds, and answers false.
+func (o *observer) deleteIfUnchanged(ctx context.Context, identity string) (bool, error) {
+	st, ok := o.stampOf(identity)
 	if !ok || time.Now().Before(st.due()) {
-		return false, nil
+		return o.ended(identity), nil
 	}
-	err := o.g.leases.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &st.uid, ResourceVersion: &st.rv}})
-	if err == nil || apierrors.IsNotFound(err) {
-		o.forget(name)
+	err := o.g.leases.Delete(ctx, st.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &st.uid, ResourceVersion: &st.rv}})
+	switch {
+	case err == nil:
+		o.proven(identity)
 		return true, nil
+	case apierrors.IsNotFound(err):
+		o.reread(identity, nil, time.Now())
+		return o.ended(identity), nil
+	case !apierrors.IsConflict(err):
+		return false, fmt.Errorf("kube: deleting %s on condition of version %s: %w", st.name, st.rv, err)
 	}
-	if !apierrors.IsConflict(err) {
-		return false, fmt.Errorf("kube: deleting %s on condition of version %s: %w", name, st.rv, err)
-	}
-	cur, err := o.g.leases.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		o.forget(name)
-		return true, nil
+	cur, err := o.g.leases.Get(ctx, st.name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("kube: reading %s: %w", st.name, err)
 	}
 	if err != nil {
-		return false, fmt.Errorf("kube: reading %s: %w", name, err)
+		cur = nil // absent
 	}
-	o.see(cur, time.Now())
-	return false, nil
+	o.reread(identity, cur, time.Now())
+	return o.ended(identity), nil
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,8 @@ func readManifest(t testing.TB) []runtime.Object {
 // lets the replicas create Leases.
 func applyManifest(t testing.TB, c *cluster) {
 	t.Helper()
+	manifestMu.Lock() // parallel tests: each apply reads, then updates on what it read
+	defer manifestMu.Unlock()
 	ctx := t.Context()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: replicaNamespace}}
 	if err := apply(ctx, c.admin.CoreV1().Namespaces(), ns); err != nil {
@@ -97,6 +100,9 @@ func applyManifest(t testing.TB, c *cluster) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// manifestMu makes the tests' applyManifest calls one at a time.
+var manifestMu sync.Mutex
 
 // objectClient is what apply needs of a typed client.
 type objectClient[T metav1.Object] interface {
@@ -264,7 +270,7 @@ func TestReplicaIsForbiddenBeyondItsLeases(t *testing.T) {
 // Every primitive of the backend runs with the replicas' token, bound to
 // the manifest's Role and nothing more: begin, renew, claim, release, the
 // feed's list and watch, an observer's quorum read and guarded delete,
-// end. (Every test of session_test.go, bucket_test.go and feed_test.go
+// end. (Every test of session_test.go, claimwrite_test.go and feed_test.go
 // runs as the replicas too; this one puts them all in one place, so that
 // a verb dropped from the Role fails here by name.)
 func TestPrimitivesNeedNoMoreThanTheManifestRole(t *testing.T) {
@@ -275,19 +281,19 @@ func TestPrimitivesNeedNoMoreThanTheManifestRole(t *testing.T) {
 	if _, err := s.renew(t.Context()); err != nil { // update
 		t.Fatalf("renew: %v", err)
 	}
-	h, err := s.claim(t.Context(), 0) // get, create
-	if err != nil {
+	o := newObserver(otherReplica(t, c, g, nil))
+	name := namesIn(g, 0, 1)[0]
+	if _, err := s.change(t.Context(), o, 0, claimChange{claim: []string{name}}); err != nil { // get, create
 		t.Fatalf("claim: %v", err)
 	}
-	if err := s.release(t.Context(), h); err != nil { // update
+	if _, err := s.change(t.Context(), o, 0, claimChange{release: []string{name}}); err != nil { // get, update
 		t.Fatalf("release: %v", err)
 	}
-	o := newObserver(otherReplica(t, c, g, nil))
 	gone, _ := mustBegin(t, g, "r2")
 	seeNow(t, o, gone) // get
-	st, _ := o.stampOf(gone.name)
+	st, _ := o.stampOf(gone.identity)
 	sleepUntil(st.due())
-	if ended, err := o.expire(t.Context(), gone.name); !ended || err != nil { // get, delete
+	if ended, err := o.expire(t.Context(), gone.identity); !ended || err != nil { // get, delete
 		t.Fatalf("expire: ended %v, %v", ended, err)
 	}
 	if err := s.end(t.Context()); err != nil { // delete

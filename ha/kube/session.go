@@ -60,18 +60,28 @@ var errSessionEnded = errors.New("kube: member session ended")
 // <name>-m-<ID>, one per live session, and the bucket Leases
 // <name>-b-<i>, i < buckets, never deleted. Every field is immutable
 // after newGroup.
+//
+// A replica reaches the Leases through two clients (leaseClients): one
+// for a session's writes to its own member Lease (begin, renew, end),
+// one for everything else (claims, the observers' reads and deletes, the
+// feed), each with a client-side rate limiter of its own, so that a
+// renewal never waits behind a burst of claim writes (a takeover of a
+// crashed replica's buckets is hundreds of them), whose delay would eat
+// into the fence (DESIGN.md, "Assumptions").
 type group struct {
-	leases   coordinationv1client.LeaseInterface // the namespace's Leases, with the replica's credentials
+	leases   coordinationv1client.LeaseInterface // the namespace's Leases, with the replica's credentials: claims, reads, the feed
+	renewals coordinationv1client.LeaseInterface // the same, through a client and rate limiter of their own: member Lease writes
 	name     string                              // prefix of every Lease name, value of groupLabel
 	buckets  int                                 // N, fixed for the group's life
 	duration time.Duration                       // D: whole seconds, written into every member Lease
 }
 
-// newGroup returns the group name in the namespace leases is bound to,
-// with the given number of buckets (defaultBuckets if 0) and member lease
-// duration D (rounded up to a whole second, as leaseDurationSeconds
-// holds). It checks that its Lease names and label are valid.
-func newGroup(leases coordinationv1client.LeaseInterface, name string, buckets int, duration time.Duration) (*group, error) {
+// newGroup returns the group name in the namespace leases and renewals
+// are bound to (the two clients of leaseClients), with the given number
+// of buckets (defaultBuckets if 0) and member lease duration D (rounded
+// up to a whole second, as leaseDurationSeconds holds). It checks that
+// its Lease names and label are valid.
+func newGroup(leases, renewals coordinationv1client.LeaseInterface, name string, buckets int, duration time.Duration) (*group, error) {
 	if buckets == 0 {
 		buckets = defaultBuckets
 	}
@@ -81,7 +91,7 @@ func newGroup(leases coordinationv1client.LeaseInterface, name string, buckets i
 	if duration < time.Second {
 		return nil, fmt.Errorf("kube: lease duration %v is under a second", duration)
 	}
-	g := &group{leases: leases, name: name, buckets: buckets, duration: duration.Round(time.Second)}
+	g := &group{leases: leases, renewals: renewals, name: name, buckets: buckets, duration: duration.Round(time.Second)}
 	if g.duration < duration {
 		g.duration += time.Second
 	}
@@ -107,7 +117,7 @@ func (g *group) labels(kind string) map[string]string {
 
 // newIdentity returns the identity of a new session of member id: the ID
 // and an incarnation drawn at random, "<ID>/<incarnation>". A replica
-// restarted with the same ID is a different session, and a bucket held by
+// restarted with the same ID is a different session, and a name held by
 // its previous incarnation is known as such. IDs are DNS subdomain
 // characters (they are part of a Lease name), so the last "/" splits it.
 func newIdentity(id string) string {
@@ -179,7 +189,7 @@ const (
 type session struct {
 	g        *group // immutable
 	id       string // immutable: the member ID
-	identity string // immutable: "<ID>/<incarnation>", holder of the member Lease and of the session's buckets
+	identity string // immutable: "<ID>/<incarnation>", holder of the member Lease and of the session's names in the buckets
 	name     string // immutable: the member Lease's name
 
 	// mu is held across each write to the member Lease (renew, end):
@@ -211,7 +221,7 @@ func (g *group) begin(ctx context.Context, id string) (*session, time.Time, erro
 			RenewTime:            &metav1.MicroTime{Time: sent},
 		},
 	}
-	created, err := g.leases.Create(ctx, l, metav1.CreateOptions{})
+	created, err := g.renewals.Create(ctx, l, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil, time.Time{}, fmt.Errorf("%w: %s", errDuplicateSession, name)
 	}
@@ -236,7 +246,7 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 	next := s.lease.DeepCopy()
 	sent := time.Now()
 	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it
-	got, err := s.g.leases.Update(ctx, next, metav1.UpdateOptions{})
+	got, err := s.g.renewals.Update(ctx, next, metav1.UpdateOptions{})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		s.state = sessionLost
 		return time.Time{}, fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)
@@ -250,9 +260,11 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 
 // end deletes the member Lease on condition of its UID and the
 // resourceVersion of the session's last write. The caller has stopped
-// everything the session's buckets run: once the Lease is gone, others
-// take its buckets at once (bucket.go). A refused delete means the
-// session was lost already (errSessionLost).
+// everything the session's names run and removed its entries from the
+// buckets first (DESIGN.md, rule 9): names it still held are taken by
+// others only D after their observers last saw the Lease, as a deletion
+// they did not make proves nothing to them (observe.go). A refused
+// delete means the session was lost already (errSessionLost).
 func (s *session) end(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -263,7 +275,7 @@ func (s *session) end(ctx context.Context) error {
 		return err
 	}
 	uid, rv := s.lease.UID, s.lease.ResourceVersion
-	err := s.g.leases.Delete(ctx, s.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	err := s.g.renewals.Delete(ctx, s.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		s.state = sessionLost
 		return fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)
@@ -275,12 +287,13 @@ func (s *session) end(ctx context.Context) error {
 	return nil
 }
 
-// live reports whether the session has neither been lost nor ended, as
-// far as its own writes know.
-func (s *session) live() bool {
+// stateErr returns nil while the session has neither been lost nor
+// ended, as far as its own writes know, else errSessionLost or
+// errSessionEnded.
+func (s *session) stateErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state == sessionLive
+	return s.stateErrLocked()
 }
 
 // stateErrLocked returns the error of a session that is no longer live.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -46,11 +45,10 @@ func (tp *tap) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// replicaClient returns a clientset of its own with the replicas' token
-// (the manifest's ServiceAccount), its transport wrapped in tp if not
-// nil. The cluster closes its connections as it stops.
-func replicaClient(t testing.TB, c *cluster, tp *tap) *kubernetes.Clientset {
-	t.Helper()
+// replicaConfig returns the configuration of a replica's clients: the
+// replicas' token (the manifest's ServiceAccount), the server's CA, and
+// the transport wrapped in tp if not nil.
+func replicaConfig(c *cluster, tp *tap) *rest.Config {
 	cfg := &rest.Config{
 		Host:            c.api.url,
 		BearerToken:     c.api.replicaToken,
@@ -60,28 +58,31 @@ func replicaClient(t testing.TB, c *cluster, tp *tap) *kubernetes.Clientset {
 	if tp != nil {
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { tp.rt = rt; return tp }
 	}
+	return cfg
+}
+
+// replicaHTTP returns an HTTP client for cfg, whose connections the
+// cluster closes as it stops.
+func replicaHTTP(t testing.TB, c *cluster, cfg *rest.Config) *http.Client {
+	t.Helper()
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.httpClients = append(c.httpClients, hc)
-	cs, err := kubernetes.NewForConfigAndClient(cfg, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
+	c.track(hc)
+	return hc
 }
 
 // newTestGroup applies the manifest and returns a group of a name of its
 // own (the tests run several times against one server) with buckets
-// buckets and D = testD, for a replica of its own client (tp as in
-// replicaClient). The administrator deletes the group's Leases when the
-// test ends.
+// buckets and D = testD, for a replica of its own clients (leaseClients,
+// tp as in replicaConfig). The administrator deletes the group's Leases
+// when the test ends.
 func newTestGroup(t *testing.T, c *cluster, buckets int, tp *tap) *group {
 	t.Helper()
 	applyManifest(t, c)
 	name := "g" + strings.ToLower(rand.Text()[:10])
-	g, err := newGroup(replicaClient(t, c, tp).CoordinationV1().Leases(replicaNamespace), name, buckets, testD)
+	g, err := newGroup(nil, nil, name, buckets, testD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,15 +93,25 @@ func newTestGroup(t *testing.T, c *cluster, buckets int, tp *tap) *group {
 			t.Errorf("deleting group %s: %v", name, err)
 		}
 	})
-	return g
+	return groupOn(t, c, g, replicaConfig(c, tp))
 }
 
 // otherReplica returns g as another replica sees it: the same group, on
-// a client of its own (tp as in replicaClient).
+// clients of its own (tp as in replicaConfig).
 func otherReplica(t *testing.T, c *cluster, g *group, tp *tap) *group {
 	t.Helper()
+	return groupOn(t, c, g, replicaConfig(c, tp))
+}
+
+// groupOn returns g on the clients leaseClients makes of cfg.
+func groupOn(t *testing.T, c *cluster, g *group, cfg *rest.Config) *group {
+	t.Helper()
 	other := *g
-	other.leases = replicaClient(t, c, tp).CoordinationV1().Leases(replicaNamespace)
+	var err error
+	other.leases, other.renewals, err = leaseClients(cfg, replicaHTTP(t, c, cfg), replicaNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &other
 }
 
@@ -160,6 +171,18 @@ func renewing(s *session) (stop func() (time.Time, error)) {
 	}
 }
 
+// watchedSession begins session r1 in a group of its own, and has an
+// observer of another replica (its transport in otp, if not nil) stamp
+// it; it returns the session's validity too.
+func watchedSession(t *testing.T, c *cluster, otp *tap) (*group, *observer, *session, time.Time) {
+	t.Helper()
+	g := newTestGroup(t, c, 4, nil)
+	o := newObserver(otherReplica(t, c, g, otp))
+	s, valid := mustBegin(t, g, "r1")
+	seeNow(t, o, s)
+	return g, o, s, valid
+}
+
 // sleepUntil sleeps until the monotonic time at.
 func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
 
@@ -201,19 +224,17 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 	c := needCluster(t)
 
 	t.Run("delete first", func(t *testing.T) {
-		g := newTestGroup(t, c, 4, nil)
-		o := newObserver(otherReplica(t, c, g, nil))
-		s, valid := mustBegin(t, g, "r1")
-		seeNow(t, o, s)
-		if ended, err := o.expire(t.Context(), s.name); ended || err != nil {
+		t.Parallel() // each on a group of its own
+		g, o, s, valid := watchedSession(t, c, nil)
+		if ended, err := o.expire(t.Context(), s.identity); ended || err != nil {
 			t.Fatalf("expire before D: ended %v, %v; want not ended", ended, err)
 		}
 		if _, err := g.leases.Get(t.Context(), s.name, metav1.GetOptions{}); err != nil {
 			t.Fatalf("the member Lease after an early expire: %v", err)
 		}
-		st, _ := o.stampOf(s.name)
+		st, _ := o.stampOf(s.identity)
 		sleepUntil(st.due())
-		ended, err := o.expire(t.Context(), s.name)
+		ended, err := o.expire(t.Context(), s.identity)
 		deleted := time.Now()
 		if !ended || err != nil {
 			t.Fatalf("expire at seen + D: ended %v, %v; want ended", ended, err)
@@ -230,29 +251,27 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 	})
 
 	t.Run("renewal first", func(t *testing.T) {
-		g := newTestGroup(t, c, 4, nil)
+		t.Parallel() // each on a group of its own
 		otp := &tap{}
-		o := newObserver(otherReplica(t, c, g, otp))
-		s, _ := mustBegin(t, g, "r1")
-		seeNow(t, o, s)
-		old, _ := o.stampOf(s.name)
+		_, o, s, _ := watchedSession(t, c, otp)
+		old, _ := o.stampOf(s.identity)
 		sleepUntil(old.due())
 		// The holder's renewal commits after the version the observer
 		// saw, before its delete.
 		if _, err := s.renew(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		ended, err := o.deleteIfUnchanged(t.Context(), s.name)
+		ended, err := o.deleteIfUnchanged(t.Context(), s.identity)
 		if ended || err != nil {
 			t.Fatalf("delete on the version before the renewal: ended %v, %v; want refused", ended, err)
 		}
 		if n := otp.deletes.Load(); n != 1 {
 			t.Fatalf("the observer sent %d deletes, want the 1 refused", n)
 		}
-		if st, _ := o.stampOf(s.name); st.rv == old.rv || !st.seen.After(old.seen) {
+		if st, _ := o.stampOf(s.identity); st.rv == old.rv || !st.seen.After(old.seen) {
 			t.Fatalf("after the refused delete the observer's stamp is %+v, want the renewed version stamped anew (was %+v)", st, old)
 		}
-		if ended, err := o.expire(t.Context(), s.name); ended || err != nil {
+		if ended, err := o.expire(t.Context(), s.identity); ended || err != nil {
 			t.Fatalf("expire of the renewed version at once: ended %v, %v; want not ended", ended, err)
 		}
 		if _, err := s.renew(t.Context()); err != nil {
@@ -263,11 +282,38 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 		}
 	})
 
+	// Another deleted the Lease between the observer's read and its
+	// guarded delete (an administrator, another replica's observer): the
+	// delete answers 404, which proves nothing of the holder's last
+	// renewal; the session counts as ended D after that answer.
+	t.Run("deleted by another first", func(t *testing.T) {
+		t.Parallel() // each on a group of its own
+		_, o, s, _ := watchedSession(t, c, nil)
+		st, _ := o.stampOf(s.identity)
+		sleepUntil(st.due())
+		if err := c.admin.CoordinationV1().Leases(replicaNamespace).Delete(t.Context(), s.name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		sent := time.Now() // the end counts from after the answer, so from after this
+		if ended, err := o.deleteIfUnchanged(t.Context(), s.identity); ended || err != nil {
+			t.Fatalf("a guarded delete answered 404: ended %v, %v; want not ended", ended, err)
+		}
+		for ; !o.ended(s.identity); time.Sleep(testD / 20) {
+			if time.Since(sent) > 2*testD {
+				t.Fatalf("the session is not ended 2D after the 404")
+			}
+		}
+		if at := time.Since(sent); at < testD {
+			t.Fatalf("the session is ended %v after the 404, before D = %v", at, testD)
+		}
+	})
+
 	// Nobody but its session writes a member Lease; a write by anyone
 	// else (here the administrator) in between is a sign the session is
 	// not alone, and its next renewal, on its own last version, is
 	// refused as session lost, not retried on the newer one.
 	t.Run("written by another", func(t *testing.T) {
+		t.Parallel() // each on a group of its own
 		g := newTestGroup(t, c, 4, nil)
 		s, _ := mustBegin(t, g, "r1")
 		l, err := c.admin.CoordinationV1().Leases(replicaNamespace).Get(t.Context(), s.name, metav1.GetOptions{})
@@ -284,16 +330,14 @@ func TestObserverDeleteAndRenewalRace(t *testing.T) {
 	})
 
 	t.Run("stalled feed", func(t *testing.T) {
-		g := newTestGroup(t, c, 4, nil)
+		t.Parallel() // each on a group of its own
 		otp := &tap{}
-		o := newObserver(otherReplica(t, c, g, otp))
-		s, _ := mustBegin(t, g, "r1")
-		seeNow(t, o, s) // and nothing more: the feed is stalled
+		_, o, s, _ := watchedSession(t, c, otp) // and nothing more: the feed is stalled
 
 		stop := renewing(s)
 		deadline := time.Now().Add(3 * testD)
 		for time.Now().Before(deadline) {
-			if ended, err := o.expire(t.Context(), s.name); ended || err != nil {
+			if ended, err := o.expire(t.Context(), s.identity); ended || err != nil {
 				t.Errorf("expire while the holder renews: ended %v, %v", ended, err)
 				break
 			}
@@ -331,7 +375,7 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 		if _, _, err := g2.begin(t.Context(), "dup"); !errors.Is(err, errDuplicateSession) {
 			t.Fatalf("begin while the first session renews: %v, want errDuplicateSession", err)
 		}
-		if ended, err := o.expire(t.Context(), first.name); ended || err != nil {
+		if ended, err := o.expire(t.Context(), first.identity); ended || err != nil {
 			t.Fatalf("expire while the first session renews: ended %v, %v", ended, err)
 		}
 	}
@@ -341,7 +385,7 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 
 	// The first session renews no more: an observer proves it ended.
 	for deadline := time.Now().Add(3 * testD); ; time.Sleep(testD / 8) {
-		ended, err := o.expire(t.Context(), first.name)
+		ended, err := o.expire(t.Context(), first.identity)
 		if err != nil {
 			t.Fatal(err)
 		}

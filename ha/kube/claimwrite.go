@@ -1,0 +1,189 @@
+// Writing claims: one session's change of the claims of one bucket, read
+// with a quorum read, worked out by the claims' one rule (claims.go) on
+// what this replica's observer knows of the holders' ends, and written
+// by one update guarded by the resourceVersion read.
+
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// maxChangeTries bounds the reads and writes of one change: another
+// writer's update of the bucket between a read and the write makes the
+// write fail (409) and the change start over from a new read. A bucket
+// has a few writers at once at most (the replicas placing its names), so
+// a change that loses eight times in a row meets a writer that does not
+// stop; the caller tries again later.
+const maxChangeTries = 8
+
+// errBucketContended is change's answer when its write lost to another
+// writer's on every one of its maxChangeTries tries.
+var errBucketContended = errors.New("kube: the bucket was written by another on every try")
+
+// changeResult is what a change of one bucket's claims left.
+type changeResult struct {
+	// got holds the names of the change's claim that the session holds
+	// after it, each with its token: the bucket's leaseTransitions when
+	// its entry was written (by this change, or by an earlier one for a
+	// name already held).
+	got map[string]int64
+	// lease is the bucket Lease as the change's write left it, or as
+	// read when nothing needed writing; nil when the bucket is absent
+	// and nothing needed writing.
+	lease *coordinationv1.Lease
+	// wrote says whether the change wrote the bucket.
+	wrote bool
+}
+
+// change makes the change ch to the claims of bucket i for the session
+// (claimChange, bucketClaims.apply), and answers the names of ch.claim it
+// holds after it with their tokens.
+//
+// It reads the bucket with a quorum read; has the observer o learn of
+// every session that holds a name ch claims or gives (a quorum read of
+// the member Lease of each it knows nothing of); applies ch with o's
+// judgement of which sessions ended (observer.ended); and writes the
+// result, if it changed anything, with one update guarded by the
+// resourceVersion read, which bumps spec.leaseTransitions by one (the
+// token of every entry it writes) and sets holderIdentity to the
+// session's, for people reading the Lease. A bucket that is absent is
+// created with the result, leaseTransitions 0 and the group's labels. A
+// conflict (another writer came between the read and the write, or
+// created the bucket first) starts over from a new read, up to
+// maxChangeTries times (then errBucketContended). A change that changes
+// nothing writes nothing. A bucket whose claims do not decode
+// (errMalformedClaims) is left as it is.
+//
+// A session that is lost or ended reads and writes nothing
+// (errSessionLost, errSessionEnded), as far as it knows before each read
+// and before each write: a session lost
+// while its write is in flight (an observer deleted its member Lease in
+// between) may still have its entry written. So the caller, the shared
+// part of ha, must install a name it got only if its own fence is still
+// open when the answer comes (DESIGN.md, rule 6): that fence passed
+// before the observer's delete, and others take the name once they see
+// the session ended.
+//
+// The bucket's leaseTransitions grows by one with every write that
+// changes it, so a name's token grows from one holder to the next (rule
+// 10). A sample, one bucket, names n and m:
+//
+//	create by A, claim n            leaseTransitions 0   n: A@0
+//	B claims m                      1                    n: A@0, m: B@1
+//	A releases n                    2                    m: B@1
+//	B claims n                      3                    n: B@3, m: B@1
+//	B's session proven ended; A claims n and m
+//	                                4                    n: A@4, m: A@4
+func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange) (changeResult, error) {
+	g := s.g
+	if i < 0 || i >= g.buckets {
+		return changeResult{}, fmt.Errorf("kube: bucket %d out of [0, %d)", i, g.buckets)
+	}
+	name := g.bucketName(i)
+	for range maxChangeTries {
+		if err := s.stateErr(); err != nil {
+			return changeResult{}, fmt.Errorf("%w: not changing %s", err, name)
+		}
+		cur, err := g.leases.Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
+		absent := apierrors.IsNotFound(err)
+		if err != nil && !absent {
+			return changeResult{}, fmt.Errorf("kube: reading %s: %w", name, err)
+		}
+		claims := bucketClaims{}
+		token := int64(0) // a created bucket's leaseTransitions
+		if !absent {
+			if claims, err = claimsOf(cur); err != nil {
+				return changeResult{}, fmt.Errorf("kube: %s: %w", name, err)
+			}
+			token = int64(transitions(cur)) + 1
+			if token > math.MaxInt32 {
+				// Some 68 years of a write a second to one bucket.
+				return changeResult{}, fmt.Errorf("kube: %s: leaseTransitions cannot grow past %d", name, int32(math.MaxInt32))
+			}
+		}
+		if err := o.learn(ctx, holdersAsked(claims, s.identity, ch)); err != nil {
+			return changeResult{}, err
+		}
+		got, changed := claims.apply(s.identity, ch, o.ended, token)
+		res := changeResult{got: make(map[string]int64, len(got))}
+		for _, n := range got {
+			res.got[n] = claims[n].token
+		}
+		if !changed {
+			if !absent {
+				res.lease = cur
+			}
+			return res, nil
+		}
+		if err := s.stateErr(); err != nil {
+			return changeResult{}, fmt.Errorf("%w: not writing %s", err, name)
+		}
+		var next *coordinationv1.Lease
+		if absent {
+			next = &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: g.labels(kindBucket)},
+				Spec:       coordinationv1.LeaseSpec{LeaseTransitions: new(int32(0))},
+			}
+		} else {
+			next = cur.DeepCopy()
+			next.Spec.LeaseTransitions = new(int32(token))
+		}
+		next.Spec.HolderIdentity = new(s.identity) // for people: the last writer
+		if err := setClaims(next, claims); err != nil {
+			return changeResult{}, err
+		}
+		var wrote *coordinationv1.Lease
+		if absent {
+			wrote, err = g.leases.Create(ctx, next, metav1.CreateOptions{})
+		} else {
+			wrote, err = g.leases.Update(ctx, next, metav1.UpdateOptions{})
+		}
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			continue
+		}
+		if err != nil {
+			return changeResult{}, fmt.Errorf("kube: writing %s: %w", name, err)
+		}
+		res.lease, res.wrote = wrote, true
+		return res, nil
+	}
+	return changeResult{}, fmt.Errorf("%w: %s, %d tries", errBucketContended, name, maxChangeTries)
+}
+
+// holdersAsked returns the sessions other than me that hold a name ch
+// claims or gives: those whose end the rule will ask about.
+func holdersAsked(c bucketClaims, me string, ch claimChange) []string {
+	ids := map[string]bool{}
+	for _, n := range slices.Concat(ch.claim, slices.Collect(maps.Keys(ch.give))) {
+		if h, held := c[n]; held && h.session != me {
+			ids[h.session] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(ids))
+}
+
+// holder returns the Lease's holderIdentity, "" for none.
+func holder(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+// transitions returns the Lease's leaseTransitions, 0 for none.
+func transitions(l *coordinationv1.Lease) int32 {
+	if l.Spec.LeaseTransitions == nil {
+		return 0
+	}
+	return *l.Spec.LeaseTransitions
+}
