@@ -216,7 +216,7 @@ func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent [
 		return nil, nil, ep.ctx.Err()
 	}
 	defer func() { <-ep.sem }()
-	ctx, cancel := r.leaderRequest(ep.ctx)
+	ctx, cancel := r.be.request(ep.ctx)
 	defer cancel()
 	resp, err := r.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 	if err != nil {

@@ -216,7 +216,7 @@ func (r *Replica) listAll(ctx, passed context.Context, prefix string, rev int64,
 		if rev != 0 {
 			page = append(page, clientv3.WithRev(rev))
 		}
-		rctx, cancel := r.leaderRequest(ctx)
+		rctx, cancel := r.be.request(ctx)
 		stop := context.AfterFunc(passed, cancel)
 		resp, err := r.cli.Get(rctx, key, page...)
 		stop()
@@ -530,7 +530,7 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 		case <-ep.ctx.Done():
 			return
 		}
-		ctx, cancel := r.leaderRequest(ep.ctx)
+		ctx, cancel := r.be.request(ep.ctx)
 		_, err := r.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
 		cancel()
 		<-ep.sem
@@ -569,8 +569,8 @@ func (r *Replica) rewriteMember(ep *epoch) {
 	key := r.keys.members + r.opts.ID
 	for {
 		digest := r.digestString()
-		ctx, cancel := r.leaderRequest(ep.ctx)
-		created, kv, _, err := r.createIfAbsent(ctx, key, memberValue(r.opts.ID, digest, false), ep.lease)
+		ctx, cancel := r.be.request(ep.ctx)
+		created, kv, _, err := createIfAbsent(ctx, r.cli, key, memberValue(r.opts.ID, digest, false), ep.lease)
 		cancel()
 		if isLeaseNotFound(err) {
 			ep.fence.expire(errLeaseLost) // the key went with the lease
@@ -589,28 +589,6 @@ func (r *Replica) rewriteMember(ep *epoch) {
 			return
 		}
 	}
-}
-
-// createIfAbsent creates key, holding value, under lease if the key does
-// not exist, and reads it otherwise, in one transaction. It returns
-// whether it created the key, the key it found instead (nil when it
-// created it), and the transaction's header revision.
-func (r *Replica) createIfAbsent(ctx context.Context, key, value string, lease clientv3.LeaseID) (created bool, found *mvccpb.KeyValue, hdr int64, err error) {
-	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, value, clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return false, nil, 0, err
-	}
-	if resp.Succeeded {
-		return true, nil, resp.Header.Revision, nil
-	}
-	// The Else read the key in the same transaction: it exists.
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
-		found = kvs[0]
-	}
-	return false, found, resp.Header.Revision, nil
 }
 
 // controllerAttr names a controller in a log line as the core does: on

@@ -294,7 +294,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		gates:        make(map[string]gate),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
-	r.be = newEtcdBackend(cli, opts, r.log)
+	r.be = newEtcdBackend(cli, opts, r.keys, r.log, r.stopping)
 	r.claimBatch.Store(maxClaimBatch)
 	r.listPage = listPage
 	return r, nil
