@@ -29,8 +29,7 @@ import (
 //
 // The seam is being cut one group of calls at a time (etcd's is
 // etcdBackend). Still outside it, and etcd-typed: the claims and their
-// releases, the member record's rewrites (rewriteMember, markLeaving),
-// the published sets of names, the watch and the listings (all through
+// releases, the published sets of names, the watch and the listings (all through
 // Replica.cli); session.joinedAt, an etcd revision; and the lease IDs the
 // view, the epochs and the public types carry (clientv3.LeaseID, which a
 // sessionID converts to and from one for one).
@@ -73,6 +72,21 @@ type backend interface {
 	// had ended already. Bounded by ctx alone (Leave's end waits as long
 	// as Leave's context).
 	end(ctx context.Context, id sessionID) error
+
+	// putMember rewrites this replica's member record, carrying digest
+	// and marked leaving or not (memberValue), only while it is under
+	// session id: written is false when it is under another session, or
+	// there is none. errSessionEnded: id has ended. Bounded by ctx alone.
+	putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error)
+
+	// ensureMember writes this replica's member record under session id,
+	// carrying digest, if there is none, and returns the session the
+	// record is under: id when it wrote it or found it under id (left as
+	// it is), or another's, which may be 0 on a store that keeps records
+	// outside any session (etcd: a key put without a lease); found is
+	// false when it saw no record. errSessionEnded: id has ended. Bounded
+	// by ctx alone.
+	ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error)
 
 	// memberSession reads this replica's member record, and returns the
 	// session it is under; found is false when there is none. Bounded by

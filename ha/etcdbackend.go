@@ -136,6 +136,32 @@ func (b *etcdBackend) end(ctx context.Context, id sessionID) error {
 	return sessionErr(err)
 }
 
+// putMember puts the member key in a transaction guarded by its lease.
+func (b *etcdBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (bool, error) {
+	lease := clientv3.LeaseID(id)
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(b.memberKey), "=", int64(lease))).
+		Then(clientv3.OpPut(b.memberKey, memberValue(b.id, digest, leaving), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		return false, sessionErr(err)
+	}
+	return resp.Succeeded, nil
+}
+
+// ensureMember creates the member key, or reads it, in one transaction.
+func (b *etcdBackend) ensureMember(ctx context.Context, id sessionID, digest string) (sessionID, bool, error) {
+	created, kv, _, err := createIfAbsent(ctx, b.cli, b.memberKey, memberValue(b.id, digest, false), clientv3.LeaseID(id))
+	switch {
+	case err != nil:
+		return 0, false, sessionErr(err)
+	case created:
+		return id, true, nil
+	case kv == nil:
+		return 0, false, nil
+	}
+	return sessionID(kv.Lease), true, nil
+}
+
 // memberSession reads the member key and returns its lease.
 func (b *etcdBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
 	resp, err := b.cli.Get(ctx, b.memberKey)
