@@ -532,7 +532,7 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 			return
 		}
 		ctx, cancel := r.be.request(ep.ctx)
-		_, err := r.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
+		err := r.be.release(ctx, c)
 		cancel()
 		<-ep.sem
 		if err == nil {
