@@ -28,10 +28,11 @@ import (
 // other error is the store's, transient: the caller may try again.
 //
 // The seam is being cut one group of calls at a time (etcd's is
-// etcdBackend). Still outside it, and etcd-typed: the claims and their
-// releases, the member record's rewrites (rewriteMember, markLeaving),
-// the published sets of names, the watch and the listings (all through
-// Replica.cli); session.joinedAt, an etcd revision; and the lease IDs the
+// etcdBackend). Still outside it, and etcd-typed: the published sets of
+// names, the watch and the listings (all through Replica.cli); the
+// revisions that order the view (session.joinedAt, claimed.hdr,
+// claimView.rev, Claim.Revision and Claim.Held); the batch limits
+// (maxClaimBatch, maxClaimBytes: etcd's defaults); and the lease IDs the
 // view, the epochs and the public types carry (clientv3.LeaseID, which a
 // sessionID converts to and from one for one).
 type backend interface {
@@ -74,6 +75,42 @@ type backend interface {
 	// as Leave's context).
 	end(ctx context.Context, id sessionID) error
 
+	// putMember rewrites this replica's member record, carrying digest
+	// and marked leaving or not (memberValue), only while it is under
+	// session id: written is false when it is under another session, or
+	// there is none. errSessionEnded: id has ended. Bounded by ctx alone.
+	putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error)
+
+	// ensureMember writes this replica's member record under session id,
+	// carrying digest, if there is none, and returns the session the
+	// record is under: id when it wrote it or found it under id (left as
+	// it is), or another's, which may be 0 on a store that keeps records
+	// outside any session (etcd: a key put without a lease); found is
+	// false when it saw no record. errSessionEnded: id has ended. Bounded
+	// by ctx alone.
+	ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error)
+
+	// claim makes session id the holder of every one of names, all in
+	// one request, if no session holds any of them; when some are held,
+	// it reads them all instead. It returns the outcome of every name
+	// held once it answers, by id (created now, or found so: an earlier
+	// answer lost to a timeout) or by another session, and the names that
+	// were free while others were not, to claim again. No holding is ever made under a session that
+	// has ended. A request the store refuses as too many names fails
+	// with errTooManyOps, one too large with errTooLarge (wrapped): the
+	// caller halves the batch. ctx bounds it; the caller makes it with
+	// request.
+	claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error)
+
+	// claimCost is what one name adds to claim's request, in bytes,
+	// roughly: the caller keeps a batch below maxClaimBytes.
+	claimCost(name string) int
+
+	// release ends holding c of this replica, only while it is that
+	// holding: a name held anew since, by anyone, is left alone. ctx
+	// bounds it; the caller makes it with request.
+	release(ctx context.Context, c Claim) error
+
 	// memberSession reads this replica's member record, and returns the
 	// session it is under; found is false when there is none. Bounded by
 	// ctx alone.
@@ -100,6 +137,14 @@ type session struct {
 	// it goes when the feed is behind the seam.
 	joinedAt int64
 }
+
+// errTooManyOps and errTooLarge are wrapped by backend.claim's error when
+// the store refuses a request for holding too many names, or too many
+// bytes: the same names in smaller batches would pass.
+var (
+	errTooManyOps = errors.New("ha: too many names in one request for the store")
+	errTooLarge   = errors.New("ha: request too large for the store")
+)
 
 // errSessionEnded is wrapped by a backend's error when the store no
 // longer knows a session: it expired, or was ended (by this replica or by

@@ -362,11 +362,7 @@ func (r *Replica) revokeOld(ep *epoch, old clientv3.LeaseID) {
 // then take the names at once, and not as an early end. Best effort: if
 // it fails, the others wait for the names a little longer.
 func (r *Replica) markLeaving(ctx context.Context, lease clientv3.LeaseID) {
-	key := r.keys.members + r.opts.ID
-	_, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(lease))).
-		Then(clientv3.OpPut(key, memberValue(r.opts.ID, r.digestString(), true), clientv3.WithLease(lease))).Commit()
-	if err != nil {
+	if _, err := r.be.putMember(ctx, sessionID(lease), r.digestString(), true); err != nil {
 		r.log.Debug("marking the member key leaving", "error", err)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // etcdBackend is the backend on etcd. It reads cli's fields at every
@@ -24,6 +26,7 @@ type etcdBackend struct {
 	log            *slog.Logger
 	id             string        // Options.ID
 	memberKey      string        // <Prefix>/members/<ID>
+	claimPrefix    string        // <Prefix>/claims/
 	requestTimeout time.Duration // Options.RequestTimeout
 	// stopping bounds the requests the backend makes on its own, outside
 	// any caller's context (ending a session begin could not complete): the
@@ -39,6 +42,7 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 		log:            log,
 		id:             opts.ID,
 		memberKey:      k.members + opts.ID,
+		claimPrefix:    k.claims,
 		requestTimeout: opts.RequestTimeout,
 		stopping:       stopping,
 	}
@@ -134,6 +138,111 @@ func (b *etcdBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 func (b *etcdBackend) end(ctx context.Context, id sessionID) error {
 	_, err := b.cli.Revoke(ctx, clientv3.LeaseID(id))
 	return sessionErr(err)
+}
+
+// putMember puts the member key in a transaction guarded by its lease.
+func (b *etcdBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (bool, error) {
+	lease := clientv3.LeaseID(id)
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(b.memberKey), "=", int64(lease))).
+		Then(clientv3.OpPut(b.memberKey, memberValue(b.id, digest, leaving), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		return false, sessionErr(err)
+	}
+	return resp.Succeeded, nil
+}
+
+// ensureMember creates the member key, or reads it, in one transaction.
+func (b *etcdBackend) ensureMember(ctx context.Context, id sessionID, digest string) (sessionID, bool, error) {
+	created, kv, _, err := createIfAbsent(ctx, b.cli, b.memberKey, memberValue(b.id, digest, false), clientv3.LeaseID(id))
+	switch {
+	case err != nil:
+		return 0, false, sessionErr(err)
+	case created:
+		return id, true, nil
+	case kv == nil:
+		return 0, false, nil
+	}
+	return sessionID(kv.Lease), true, nil
+}
+
+// claim creates the claim keys of names under the lease in one
+// transaction if none exists, and else reads them all. A claim already
+// under this lease (an answer lost to a timeout) is ours as well. The
+// reads are a second request rather than the transaction's Else: a third
+// of every request for what seldom happens.
+func (b *etcdBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+	lease := clientv3.LeaseID(id)
+	cmps := make([]clientv3.Cmp, len(names))
+	puts := make([]clientv3.Op, len(names))
+	for i, name := range names {
+		key := b.claimPrefix + name
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		puts[i] = clientv3.OpPut(key, b.id, clientv3.WithLease(lease))
+	}
+	resp, err := b.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	if err != nil {
+		return nil, nil, claimErr(err)
+	}
+	got = make([]claimed, 0, len(names))
+	if resp.Succeeded {
+		for _, name := range names {
+			got = append(got, claimed{name: name, ok: true, rev: resp.Header.Revision})
+		}
+		return got, nil, nil
+	}
+	gets := make([]clientv3.Op, len(names))
+	for i, name := range names {
+		gets[i] = clientv3.OpGet(b.claimPrefix + name)
+	}
+	if resp, err = b.cli.Txn(ctx).Then(gets...).Commit(); err != nil {
+		return nil, nil, claimErr(err)
+	}
+	hdr := resp.Header.Revision
+	for i, name := range names {
+		kvs := resp.Responses[i].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			absent = append(absent, name)
+			continue
+		}
+		kv := kvs[0]
+		c := claimed{name: name, hdr: hdr}
+		if clientv3.LeaseID(kv.Lease) == lease {
+			c.ok, c.rev = true, kv.CreateRevision
+		} else {
+			c.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+		}
+		got = append(got, c)
+	}
+	return got, absent, nil
+}
+
+// claimCost counts a name's key twice (the comparison and the put) and
+// the value once.
+func (b *etcdBackend) claimCost(name string) int {
+	return 2*(len(b.claimPrefix)+len(name)) + len(b.id) + 32
+}
+
+// claimErr maps etcd's refusals of a claim transaction to errTooManyOps
+// (more operations than --max-txn-ops) and errTooLarge (more bytes than
+// --max-request-bytes, or the client's limit), and an unknown lease to
+// errSessionEnded, keeping etcd's error in the chain.
+func claimErr(err error) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrGRPCTooManyOps):
+		return fmt.Errorf("%w: %w", errTooManyOps, err)
+	case errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
+		status.Code(err) == codes.ResourceExhausted:
+		return fmt.Errorf("%w: %w", errTooLarge, err)
+	}
+	return sessionErr(err)
+}
+
+// release deletes the claim key in a transaction guarded by its create
+// revision (Claim.Held).
+func (b *etcdBackend) release(ctx context.Context, c Claim) error {
+	_, err := b.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
+	return err
 }
 
 // memberSession reads the member key and returns its lease.

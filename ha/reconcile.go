@@ -5,6 +5,7 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -34,12 +35,12 @@ const (
 // result is a worker's report to the loop.
 type result struct {
 	kind   resultKind
-	name   string       // released
-	ok     bool         // rewrote: the member key is ours; redigested: it was written
-	digest string       // rewrote, redigested, published: the digest written
-	view   *claimView   // rewrote and not ok: the member key found
-	claims []claimed    // acquired: the outcome of each name of the batch
-	sets   []fetchedSet // fetched: what each read found
+	name   string            // released
+	ok     bool              // rewrote: the member key is ours; redigested: it was written
+	digest string            // rewrote, redigested, published: the digest written
+	other  *clientv3.LeaseID // rewrote and not ok: the lease the member key is under (0: none); nil: the key is gone
+	claims []claimed         // acquired: the outcome of each name of the batch
+	sets   []fetchedSet      // fetched: what each read found
 }
 
 // serve runs one epoch until its fence passes (it returns nil) or a stop
@@ -531,7 +532,7 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 			return
 		}
 		ctx, cancel := r.be.request(ep.ctx)
-		_, err := r.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
+		err := r.be.release(ctx, c)
 		cancel()
 		<-ep.sem
 		if err == nil {
@@ -566,21 +567,20 @@ func (r *Replica) keepMemberKey(ep *epoch) {
 // whether the key is ours.
 func (r *Replica) rewriteMember(ep *epoch) {
 	defer ep.wg.Done()
-	key := r.keys.members + r.opts.ID
 	for {
 		digest := r.digestString()
 		ctx, cancel := r.be.request(ep.ctx)
-		created, kv, _, err := createIfAbsent(ctx, r.cli, key, memberValue(r.opts.ID, digest, false), ep.lease)
+		under, found, err := r.be.ensureMember(ctx, sessionID(ep.lease), digest)
 		cancel()
-		if isLeaseNotFound(err) {
+		if errors.Is(err, errSessionEnded) {
 			ep.fence.expire(errLeaseLost) // the key went with the lease
 			return
 		}
 		if err == nil {
-			res := result{kind: rewrote, ok: created, digest: digest}
-			if kv != nil {
-				res.ok = clientv3.LeaseID(kv.Lease) == ep.lease
-				res.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+			res := result{kind: rewrote, ok: found && under == sessionID(ep.lease), digest: digest}
+			if found && !res.ok {
+				other := clientv3.LeaseID(under)
+				res.other = &other
 			}
 			r.report(ep, res)
 			return
@@ -643,10 +643,10 @@ func (r *Replica) handle(ep *epoch, res result) {
 		switch {
 		case res.ok:
 			r.log.Warn("member key was deleted under the live lease: written again")
-		case res.view != nil:
+		case res.other != nil:
 			// Another lease holds our ID: stop everything and join
 			// again, which fails with ErrDuplicateID while it lives.
-			ep.fence.expire(fmt.Errorf("%w: member key %s held by lease %x", ErrDuplicateID, r.keys.members+r.opts.ID, int64(res.view.lease)))
+			ep.fence.expire(fmt.Errorf("%w: member key %s held by lease %x", ErrDuplicateID, r.keys.members+r.opts.ID, int64(*res.other)))
 		default:
 			r.memberLost = true // deleted again meanwhile
 		}
