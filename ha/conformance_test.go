@@ -1,8 +1,8 @@
 // The contract of a backend (backend.go), stated once as tests and run
 // against every backend: etcd's, on the real etcd the tests start and in
 // real time, and the in-memory one, inside a testing/synctest bubble,
-// exact and instant. So far the sessions: the part of the seam that is
-// cut.
+// exact and instant. So far the parts of the seam that are cut: sessions,
+// member records, claims and releases.
 
 package ha
 
@@ -24,6 +24,8 @@ const conformanceTTL = 2 * time.Second
 // the backend of a replica with that ID.
 type conformanceStore struct {
 	backendFor func(id string) backend
+	// claimKey is Claim.Key of name's holding.
+	claimKey func(name string) string
 	// slack is how much later than the TTL a session may end: a second
 	// on etcd, which truncates remaining TTLs to whole seconds and
 	// checks expiry every 500ms; none in memory.
@@ -40,6 +42,11 @@ var conformanceCases = []struct {
 	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},
 	{"UnrenewedSessionEnds", conformExpiry},
 	{"RenewalKeepsTheSession", conformRenewalKeeps},
+	{"MemberRecordWrittenOnlyUnderItsSession", conformMemberRecord},
+	{"ClaimTakesFreeNamesAtOnce", conformClaimFree},
+	{"ClaimOfHeldNamesReadsThem", conformClaimHeld},
+	{"ClaimsGoWithTheirSession", conformClaimsGoWithSession},
+	{"ReleaseEndsOnlyThatHolding", conformRelease},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -58,7 +65,8 @@ func TestBackendConformanceEtcd(t *testing.T) {
 					opts := Options{ID: id, RequestTimeout: 2 * time.Second}
 					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
 				},
-				slack: time.Second,
+				claimKey: func(name string) string { return keysOf(prefix).claims + name },
+				slack:    time.Second,
 			})
 		})
 	}
@@ -70,7 +78,10 @@ func TestBackendConformanceMemory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := newMemStore()
-				tc.test(t, conformanceStore{backendFor: func(id string) backend { return st.replica(id, 2*time.Second) }})
+				tc.test(t, conformanceStore{
+					backendFor: func(id string) backend { return st.replica(id, 2*time.Second) },
+					claimKey:   func(name string) string { return memClaimPrefix + name },
+				})
 			})
 		})
 	}
@@ -217,6 +228,164 @@ func conformRenewalKeeps(t *testing.T, st conformanceStore) {
 		t.Errorf("after 3 TTLs of renewals the record is under %d (found %v), want %d", id, found, s.id)
 	}
 	_ = b.end(ctx, s.id)
+}
+
+// putMember rewrites the record only while it is under the session
+// named; ensureMember leaves a record that is there as it is and says
+// whose it is.
+func conformMemberRecord(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s1 := beginR0(t, st)
+	if ok, err := b.putMember(ctx, s1.id, "other", true); err != nil || !ok {
+		t.Errorf("putMember under its own session = %v, %v; want written", ok, err)
+	}
+	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest") // the record moves to s2
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.putMember(ctx, s1.id, "stale", false); err != nil || ok {
+		t.Errorf("putMember under the session the record left = %v, %v; want not written", ok, err)
+	}
+	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); err != nil || !found || under != s2.id {
+		t.Errorf("ensureMember from the old session = %d, %v, %v; want the record left under %d", under, found, err, s2.id)
+	}
+	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); err != nil || !found || under != s2.id {
+		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.id)
+	}
+	_ = b.end(ctx, s1.id)
+	_ = b.end(ctx, s2.id)
+	// etcd's compare fails before the put names the lease: not written,
+	// no error. A store may also say errSessionEnded.
+	if ok, err := b.putMember(ctx, s2.id, "digest", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
+		t.Errorf("putMember under an ended session = %v, %v; want not written", ok, err)
+	}
+}
+
+// claimedBy returns the outcomes in got by name.
+func claimedBy(got []claimed) map[string]claimed {
+	m := map[string]claimed{}
+	for _, c := range got {
+		m[c.name] = c
+	}
+	return m
+}
+
+// Free names are all claimed in one request, at one revision; claiming
+// them again (an answer lost) finds them this session's, at that
+// revision.
+func conformClaimFree(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s := beginR0(t, st)
+	defer func() { _ = b.end(ctx, s.id) }()
+	got, absent, err := b.claim(ctx, s.id, []string{"a", "b", "c"})
+	if err != nil || len(absent) != 0 || len(got) != 3 {
+		t.Fatalf("claim of three free names = %v, absent %v, %v", got, absent, err)
+	}
+	rev := got[0].rev
+	for _, c := range got {
+		if !c.ok || c.rev != rev || c.rev == 0 {
+			t.Errorf("claim of free names: %+v, want ours at one revision (%d)", c, rev)
+		}
+	}
+	again, absent, err := b.claim(ctx, s.id, []string{"a", "b", "c"})
+	if err != nil || len(absent) != 0 {
+		t.Fatalf("claim again = %v, absent %v, %v", again, absent, err)
+	}
+	for _, c := range again {
+		if !c.ok || c.rev != rev {
+			t.Errorf("claim again: %+v, want found ours at revision %d", c, rev)
+		}
+	}
+}
+
+// When some of the names are held, nothing is claimed: each held name is
+// reported with its holder, and the free ones are named to claim again.
+func conformClaimHeld(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.end(ctx, sa.id) }()
+	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	b := st.backendFor("r1")
+	sb, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.end(ctx, sb.id) }()
+	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := claimedBy(got)["x"]
+	if x.ok || x.view == nil || x.view.holder != "r0" || sessionID(x.view.lease) != sa.id || len(got) != 1 {
+		t.Errorf("claim of held x and free y by r1: %+v (view %+v), want only x, held by r0 under %d", got, x.view, sa.id)
+	}
+	if len(absent) != 1 || absent[0] != "y" {
+		t.Errorf("absent = %v, want [y], to claim again", absent)
+	}
+	if got, _, err := b.claim(ctx, sb.id, absent); err != nil || len(got) != 1 || !got[0].ok {
+		t.Errorf("claim of y alone = %+v, %v; want ours", got, err)
+	}
+}
+
+// A session's holdings end with it, so another may claim them; a session
+// that ended claims nothing, and leaves the names free.
+func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.claim(ctx, sa.id, []string{"y"}); !errors.Is(err, errSessionEnded) {
+		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
+	}
+	b := st.backendFor("r1")
+	sb, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.end(ctx, sb.id) }()
+	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
+	if err != nil || len(absent) != 0 || len(got) != 2 || !got[0].ok || !got[1].ok {
+		t.Errorf("claim of the ended session's x and of y = %+v, absent %v, %v; want both ours", got, absent, err)
+	}
+}
+
+// release ends the holding it names and no other: released again after
+// another session claimed the name, it leaves that holding alone.
+func conformRelease(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.end(ctx, sa.id) }()
+	got, _, err := a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(got) != 1 {
+		t.Fatal(got, err)
+	}
+	old := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
+	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	b := st.backendFor("r1")
+	sb, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.end(ctx, sb.id) }()
+	got, _, err = b.claim(ctx, sb.id, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
+		t.Fatalf("claim of released x by r1 = %+v, %v; want ours at a later revision than %d", got, err, old.Revision)
+	}
+	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release of a holding that ended: %v", err)
+	}
+	got, absent, err := a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].ok || got[0].view == nil || got[0].view.holder != "r1" {
+		t.Errorf("after r0 released its old holding again, x = %+v, absent %v, %v; want still r1's", got, absent, err)
+	}
 }
 
 // What only the in-memory backend can show, being able to lose an

@@ -8,8 +8,11 @@ package ha
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // memStore is one group's store, shared by the memBackends of its
@@ -18,7 +21,10 @@ type memStore struct {
 	mu       sync.Mutex
 	next     sessionID               // the last session ID given; guarded by mu
 	sessions map[sessionID]*memLease // live sessions, and ended ones until reaped; guarded by mu
-	members  map[string]sessionID    // member records, by replica ID; guarded by mu
+	members  map[string]memMember    // member records, by replica ID; guarded by mu
+	claims   map[string]memClaim     // holdings, by name; guarded by mu
+	rev      int64                   // the store's revision: one more at every write; guarded by mu
+	maxOps   int                     // names one claim may carry; 0: any; guarded by mu
 	faults   map[string]memFault     // by operation ("begin", "renew", …); guarded by mu
 	calls    map[string]int          // answered calls, by operation; guarded by mu
 	ended    []string                // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
@@ -30,6 +36,23 @@ type memLease struct {
 	ttl     time.Duration // its validity from each renewal
 	granted time.Time     // when the store last renewed it (or began it)
 }
+
+// memMember is a member record.
+type memMember struct {
+	session sessionID
+	digest  string
+	leaving bool
+}
+
+// memClaim is one name's holding.
+type memClaim struct {
+	session sessionID
+	holder  string // the holder's replica ID
+	rev     int64  // the revision that created it
+}
+
+// memClaimPrefix is what Claim.Key holds before the name.
+const memClaimPrefix = "claims/"
 
 // memFault is what the store does to a call of one operation.
 type memFault struct {
@@ -46,7 +69,8 @@ type memFault struct {
 func newMemStore() *memStore {
 	return &memStore{
 		sessions: map[sessionID]*memLease{},
-		members:  map[string]sessionID{},
+		members:  map[string]memMember{},
+		claims:   map[string]memClaim{},
 		faults:   map[string]memFault{},
 		calls:    map[string]int{},
 	}
@@ -82,8 +106,14 @@ func (s *memStore) reapLocked(now time.Time) {
 func (s *memStore) endLocked(id sessionID, why string) {
 	l := s.sessions[id]
 	delete(s.sessions, id)
-	if s.members[l.member] == id {
+	s.rev++ // the session's record and holdings go in one revision
+	if s.members[l.member].session == id {
 		delete(s.members, l.member)
+	}
+	for name, c := range s.claims {
+		if c.session == id {
+			delete(s.claims, name)
+		}
 	}
 	s.ended = append(s.ended, fmt.Sprintf("%s %d %s", l.member, id, why))
 }
@@ -142,13 +172,14 @@ func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duratio
 	sent := time.Now()
 	var s session
 	err := b.st.call(ctx, "begin", func(now time.Time) error {
-		if held, ok := b.st.members[b.id]; ok && held != prev {
-			return fmt.Errorf("%w: member %q held by session %d", ErrDuplicateID, b.id, held)
+		if held, ok := b.st.members[b.id]; ok && held.session != prev {
+			return fmt.Errorf("%w: member %q held by session %d", ErrDuplicateID, b.id, held.session)
 		}
 		b.st.next++
-		s = session{id: b.st.next, sent: sent}
+		b.st.rev++
+		s = session{id: b.st.next, sent: sent, joinedAt: b.st.rev}
 		b.st.sessions[s.id] = &memLease{member: b.id, ttl: ttl, granted: now}
-		b.st.members[b.id] = s.id
+		b.st.members[b.id] = memMember{session: s.id, digest: digest}
 		return nil
 	})
 	return s, err
@@ -181,7 +212,9 @@ func (b *memBackend) memberSession(ctx context.Context) (sessionID, bool, error)
 	var id sessionID
 	var found bool
 	err := b.st.call(ctx, "memberSession", func(time.Time) error {
-		id, found = b.st.members[b.id]
+		var m memMember
+		m, found = b.st.members[b.id]
+		id = m.session
 		return nil
 	})
 	return id, found, err
@@ -197,4 +230,99 @@ func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted 
 		return nil
 	})
 	return left, granted, err
+}
+
+// live fails with errSessionEnded unless session id lives. Under mu.
+func (s *memStore) liveLocked(id sessionID) error {
+	if _, ok := s.sessions[id]; !ok {
+		return fmt.Errorf("%w: session %d", errSessionEnded, id)
+	}
+	return nil
+}
+
+func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error) {
+	err = b.st.call(ctx, "putMember", func(time.Time) error {
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		if m, ok := b.st.members[b.id]; ok && m.session == id {
+			b.st.rev++
+			b.st.members[b.id] = memMember{session: id, digest: digest, leaving: leaving}
+			written = true
+		}
+		return nil
+	})
+	return written, err
+}
+
+func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error) {
+	err = b.st.call(ctx, "ensureMember", func(time.Time) error {
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		m, ok := b.st.members[b.id]
+		if !ok {
+			b.st.rev++
+			m = memMember{session: id, digest: digest}
+			b.st.members[b.id] = m
+		}
+		under, found = m.session, true
+		return nil
+	})
+	return under, found, err
+}
+
+// claim creates every holding at one revision if all of names are free,
+// as etcd's transaction does; otherwise it reads them.
+func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+	err = b.st.call(ctx, "claim", func(time.Time) error {
+		got, absent = nil, nil
+		if b.st.maxOps > 0 && len(names) > b.st.maxOps {
+			return fmt.Errorf("%w: %d names, at most %d", errTooManyOps, len(names), b.st.maxOps)
+		}
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		free := true
+		for _, name := range names {
+			if _, held := b.st.claims[name]; held {
+				free = false
+			}
+		}
+		if free {
+			b.st.rev++
+			for _, name := range names {
+				b.st.claims[name] = memClaim{session: id, holder: b.id, rev: b.st.rev}
+				got = append(got, claimed{name: name, ok: true, rev: b.st.rev})
+			}
+			return nil
+		}
+		for _, name := range names {
+			c, held := b.st.claims[name]
+			switch {
+			case !held:
+				absent = append(absent, name)
+			case c.session == id:
+				got = append(got, claimed{name: name, ok: true, rev: c.rev, hdr: b.st.rev})
+			default:
+				got = append(got, claimed{name: name, hdr: b.st.rev, view: &claimView{holder: c.holder, lease: clientv3.LeaseID(c.session), rev: c.rev}})
+			}
+		}
+		return nil
+	})
+	return got, absent, err
+}
+
+func (b *memBackend) claimCost(name string) int { return len(memClaimPrefix) + len(name) + 16 }
+
+// release deletes the holding c names while it is that holding.
+func (b *memBackend) release(ctx context.Context, c Claim) error {
+	return b.st.call(ctx, "release", func(time.Time) error {
+		name := strings.TrimPrefix(c.Key, memClaimPrefix)
+		if h, held := b.st.claims[name]; held && h.rev == c.Revision {
+			b.st.rev++
+			delete(b.st.claims, name)
+		}
+		return nil
+	})
 }
