@@ -90,7 +90,13 @@ func TestBackendConformanceMemory(t *testing.T) {
 // beginR0 begins a session of replica r0, or fails the test.
 func beginR0(t *testing.T, st conformanceStore) (backend, session) {
 	t.Helper()
-	b := st.backendFor("r0")
+	return beginAs(t, st, "r0")
+}
+
+// beginAs begins a session of replica id, or fails the test.
+func beginAs(t *testing.T, st conformanceStore, id string) (backend, session) {
+	t.Helper()
+	b := st.backendFor(id)
 	s, err := b.begin(context.Background(), 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin: %v", err)
@@ -307,11 +313,7 @@ func conformClaimHeld(t *testing.T, st conformanceStore) {
 	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
 		t.Fatal(err)
 	}
-	b := st.backendFor("r1")
-	sb, err := b.begin(ctx, 0, conformanceTTL, "digest")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, sb := beginAs(t, st, "r1")
 	defer func() { _ = b.end(ctx, sb.id) }()
 	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
 	if err != nil {
@@ -343,11 +345,7 @@ func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 	if _, _, err := a.claim(ctx, sa.id, []string{"y"}); !errors.Is(err, errSessionEnded) {
 		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
 	}
-	b := st.backendFor("r1")
-	sb, err := b.begin(ctx, 0, conformanceTTL, "digest")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, sb := beginAs(t, st, "r1")
 	defer func() { _ = b.end(ctx, sb.id) }()
 	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
 	if err != nil || len(absent) != 0 || len(got) != 2 || !got[0].ok || !got[1].ok {
@@ -369,11 +367,7 @@ func conformRelease(t *testing.T, st conformanceStore) {
 	if err := a.release(ctx, old); err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	b := st.backendFor("r1")
-	sb, err := b.begin(ctx, 0, conformanceTTL, "digest")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, sb := beginAs(t, st, "r1")
 	defer func() { _ = b.end(ctx, sb.id) }()
 	got, _, err = b.claim(ctx, sb.id, []string{"x"})
 	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
