@@ -7,11 +7,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // claimWorkers is how many claim transactions one replica has in flight at
@@ -23,27 +18,22 @@ const claimWorkers = 2
 // maxClaimBatch is how many names one claim transaction creates at most:
 // etcd's default --max-txn-ops, which bounds each of a transaction's
 // comparisons, its operations on success and those on failure. A server
-// started with less answers ErrTooManyOps; the replica then halves the
-// refused chunk into Replica.claimBatch until the server takes them.
+// started with less answers ErrTooManyOps (errTooManyOps); the replica
+// then halves the refused chunk into Replica.claimBatch until the server
+// takes them.
 const maxClaimBatch = 128
 
 // maxClaimBytes bounds the bytes of one claim transaction: below etcd's
 // default request limit (--max-request-bytes, 1.5 MiB) and the client's
 // (2 MiB), so that long names are claimed in smaller batches rather than
-// refused whole. A name counts its key twice (the comparison and the put)
-// and the value once.
+// refused whole (backend.claimCost counts a name's bytes).
 const maxClaimBytes = 1 << 20
-
-// claimCost is what one name adds to a claim transaction, roughly.
-func (r *Replica) claimCost(name string) int {
-	return 2*(len(r.keys.claims)+len(name)) + len(r.opts.ID) + 32
-}
 
 // fitBytes returns how many of names, at least one, fit in maxClaimBytes.
 func (r *Replica) fitBytes(names []string) int {
 	total := 0
 	for i, name := range names {
-		total += r.claimCost(name)
+		total += r.be.claimCost(name)
 		if total > maxClaimBytes && i > 0 {
 			return i
 		}
@@ -146,7 +136,7 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 			chunk := todo[:min(size, len(todo))]
 			chunk = chunk[:r.fitBytes(chunk)]
 			got, missing, err := r.claimChunk(ep, chunk)
-			if len(chunk) > 1 && isTooManyOps(err) {
+			if len(chunk) > 1 && errors.Is(err, errTooManyOps) {
 				// The server takes fewer operations per transaction:
 				// halve the chunk refused, for all workers, and try
 				// again. Halved from the chunk, not from claimBatch: a
@@ -155,7 +145,7 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 				r.shrinkClaimBatch(len(chunk) / 2)
 				continue
 			}
-			if len(chunk) > 1 && isTooLarge(err) {
+			if len(chunk) > 1 && errors.Is(err, errTooLarge) {
 				// The server takes smaller requests than maxClaimBytes:
 				// halve for this call's chunks.
 				tooLarge = len(chunk) / 2
@@ -187,20 +177,9 @@ func (r *Replica) shrinkClaimBatch(n int) {
 	}
 }
 
-// claimChunk creates the claims of names under the epoch's lease in one
-// transaction if none exists, and else reads them all. It returns the
-// names claimed or found held, and those that were absent when others
-// existed. A claim already under this lease (an answer lost to a timeout)
-// is ours as well. The reads are a second request rather than the
-// transaction's Else: a third of every request for what seldom happens.
+// claimChunk claims names under the epoch's lease (backend.claim), once
+// the fence has room for them and a request may be in flight.
 func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent []string, err error) {
-	cmps := make([]clientv3.Cmp, len(names))
-	puts := make([]clientv3.Op, len(names))
-	for i, name := range names {
-		key := r.keys.claims + name
-		cmps[i] = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-		puts[i] = clientv3.OpPut(key, r.opts.ID, clientv3.WithLease(ep.lease))
-	}
 	// etcd answers a keepalive only once it has applied the writes before
 	// it, so claims that pile up there can pass the fence of the replica
 	// making them. While two keepalives in a row went unanswered (less
@@ -216,52 +195,9 @@ func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent [
 		return nil, nil, ep.ctx.Err()
 	}
 	defer func() { <-ep.sem }()
-	ctx, cancel := r.leaderRequest(ep.ctx)
+	ctx, cancel := r.be.request(ep.ctx)
 	defer cancel()
-	resp, err := r.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
-	if err != nil {
-		return nil, nil, err
-	}
-	got = make([]claimed, 0, len(names))
-	if resp.Succeeded {
-		for _, name := range names {
-			got = append(got, claimed{name: name, ok: true, rev: resp.Header.Revision})
-		}
-		return got, nil, nil
-	}
-	gets := make([]clientv3.Op, len(names))
-	for i, name := range names {
-		gets[i] = clientv3.OpGet(r.keys.claims + name)
-	}
-	if resp, err = r.cli.Txn(ctx).Then(gets...).Commit(); err != nil {
-		return nil, nil, err
-	}
-	hdr := resp.Header.Revision
-	for i, name := range names {
-		kvs := resp.Responses[i].GetResponseRange().GetKvs()
-		if len(kvs) == 0 {
-			absent = append(absent, name)
-			continue
-		}
-		kv := kvs[0]
-		c := claimed{name: name, hdr: hdr}
-		if clientv3.LeaseID(kv.Lease) == ep.lease {
-			c.ok, c.rev = true, kv.CreateRevision
-		} else {
-			c.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
-		}
-		got = append(got, c)
-	}
-	return got, absent, nil
-}
-
-func isTooLarge(err error) bool {
-	return errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
-		status.Code(err) == codes.ResourceExhausted
-}
-
-func isTooManyOps(err error) bool {
-	return errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrGRPCTooManyOps)
+	return r.be.claim(ctx, sessionID(ep.lease), names)
 }
 
 // handleClaimedLocked applies the outcome of one name's claim: a claim

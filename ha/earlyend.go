@@ -7,6 +7,7 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -241,15 +242,15 @@ func (r *Replica) pollLeases(ep *epoch) {
 		r.mu.Unlock()
 		for _, l := range due {
 			sent := time.Now()
-			ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ep.ctx), r.opts.RequestTimeout)
-			resp, err := r.cli.TimeToLive(ctx, l)
+			ctx, cancel := r.be.request(ep.ctx)
+			left, granted, err := r.be.timeLeft(ctx, sessionID(l))
 			cancel()
-			if err != nil || resp.TTL < 0 {
+			if err != nil {
 				continue
 			}
 			r.mu.Lock()
 			prev, seen := r.leaseLast[l]
-			a := prev.next(sent, time.Now(), time.Duration(resp.TTL)*time.Second, time.Duration(resp.GrantedTTL)*time.Second)
+			a := prev.next(sent, time.Now(), left, granted)
 			r.leaseLast[l] = a
 			if a.stale() && (!seen || !prev.stale()) {
 				r.log.Info(fmt.Sprintf("member %q has not renewed its lease for %v: it stopped, or cannot reach etcd; its names move when the lease runs out, in %v unless it renews", r.holderOfLocked(l), a.since(sent).Round(time.Second), a.ttl), "lease", leaseHex(l))
@@ -342,10 +343,10 @@ func (r *Replica) revokeOld(ep *epoch, old clientv3.LeaseID) {
 	defer ep.wg.Done()
 	wait := retryAfter
 	for {
-		ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ep.ctx), r.opts.RequestTimeout)
-		_, err := r.cli.Revoke(ctx, old)
+		ctx, cancel := r.be.request(ep.ctx)
+		err := r.be.end(ctx, sessionID(old))
 		cancel()
-		if err == nil || isLeaseNotFound(err) {
+		if err == nil || errors.Is(err, errSessionEnded) {
 			return
 		}
 		if !pause(ep.ctx, wait) {
@@ -361,11 +362,7 @@ func (r *Replica) revokeOld(ep *epoch, old clientv3.LeaseID) {
 // then take the names at once, and not as an early end. Best effort: if
 // it fails, the others wait for the names a little longer.
 func (r *Replica) markLeaving(ctx context.Context, lease clientv3.LeaseID) {
-	key := r.keys.members + r.opts.ID
-	_, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(lease))).
-		Then(clientv3.OpPut(key, memberValue(r.opts.ID, r.digestString(), true), clientv3.WithLease(lease))).Commit()
-	if err != nil {
+	if _, err := r.be.putMember(ctx, sessionID(lease), r.digestString(), true); err != nil {
 		r.log.Debug("marking the member key leaving", "error", err)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -95,10 +94,11 @@ func (ep *epoch) unblockAt(until time.Time) {
 // once, so that 10,000 names do not open 10,000 streams.
 const maxInFlight = 64
 
-// startEpoch grants a lease and writes the member key under it. The fence
-// counts from the grant's send time. prev is the lease of the previous
-// epoch, whose member key the new one may overwrite; 0 for the first.
-// It starts the keepalive goroutine, joined by endEpoch.
+// startEpoch begins a session (backend.begin: a lease, and the member key
+// under it). The fence counts from the session's send time. prev is the
+// lease of the previous epoch, whose member key the new one may
+// overwrite; 0 for the first. It starts the keepalive goroutine, joined
+// by endEpoch.
 func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch, error) {
 	if prev == 0 {
 		// Before the grant, whose lease nothing renews yet.
@@ -107,57 +107,24 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		}
 	}
 	ttl := r.opts.TTL
-	sent := time.Now()
-	gctx, cancel := r.leaderRequest(ctx)
-	g, err := r.cli.Grant(gctx, int64(ttl/time.Second))
-	cancel()
+	digest := r.digestString()
+	s, err := r.be.begin(ctx, sessionID(prev), ttl, digest)
 	if err != nil {
-		return nil, fmt.Errorf("ha: granting a lease of %v: %w", ttl, err)
-	}
-	if granted := time.Duration(g.TTL) * time.Second; granted != ttl {
-		// The fence keeps counting with the TTL asked for, the shorter.
-		r.log.Warn(fmt.Sprintf("etcd granted a lease of %v instead of %v: a crashed replica's names move after the longer one", granted, ttl))
-	}
-	f := newFence(sent.Add(r.opts.fenceWindow()))
-	fail := func(err error) (*epoch, error) {
-		f.stop(err)
-		rctx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
-		defer cancel()
-		_, _ = r.cli.Revoke(rctx, g.ID) // best effort: it expires anyway
 		return nil, err
 	}
-	mctx, cancel := r.leaderRequest(ctx)
-	defer cancel()
-	key := r.keys.members + r.opts.ID
-	digest := r.digestString()
-	value := memberValue(r.opts.ID, digest, false)
-	created, kv, joinedAt, err := r.createIfAbsent(mctx, key, value, g.ID)
-	if err != nil {
-		return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
-	}
-	if !created {
-		if kv != nil && (prev == 0 || clientv3.LeaseID(kv.Lease) != prev) {
-			return fail(fmt.Errorf("%w: %q (member key %q is held by lease %x)", ErrDuplicateID, r.opts.ID, key, kv.Lease))
-		}
-		// Our own key from the previous epoch: move it to the new lease,
-		// guarded by the old one, so that a key a replica of the same ID
-		// wrote meanwhile (our old lease expired) is never taken over.
-		moved, err := r.cli.Txn(mctx).
-			If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(prev))).
-			Then(clientv3.OpPut(key, value, clientv3.WithLease(g.ID))).Commit()
-		switch {
-		case err != nil:
-			return fail(fmt.Errorf("ha: writing member key %q: %w", key, err))
-		case !moved.Succeeded:
-			return fail(fmt.Errorf("ha: member key %q changed while it was moved to the new lease; trying again", key))
-		}
-	}
+	f := newFence(s.sent.Add(r.opts.fenceWindow()))
 	if !f.open() {
-		return fail(fmt.Errorf("ha: joining took longer than the fence allows, TTL − Margin − %v (%v)", cancelLead, r.opts.fenceWindow()))
+		err := fmt.Errorf("ha: joining took longer than the fence allows, TTL − Margin − %v (%v)", cancelLead, r.opts.fenceWindow())
+		f.stop(err)
+		ectx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
+		defer cancel()
+		_ = r.be.end(ectx, s.id) // best effort: it expires anyway
+		return nil, err
 	}
+	lease := clientv3.LeaseID(s.id)
 	ep := &epoch{
-		lease:       g.ID,
-		joinedAt:    joinedAt,
+		lease:       lease,
+		joinedAt:    s.joinedAt,
 		wroteDigest: digest,
 		fence:       f,
 		results:     make(chan result, maxInFlight),
@@ -168,7 +135,7 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	ep.renew, ep.stopRenew = context.WithCancel(ep.ctx)
 	ep.renewed = make(chan struct{})
 	r.mu.Lock()
-	r.lease, r.fence = g.ID, f
+	r.lease, r.fence = lease, f
 	r.heard = time.Now() // the watch's silence counts from the epoch's start
 	r.allDirty = true
 	r.mu.Unlock()
@@ -184,8 +151,8 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 		ep.wg.Add(1)
 		go r.revokeOld(ep, prev) // joined by endEpoch through ep.wg
 	}
-	r.log.Info(fmt.Sprintf("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl), "lease", fmt.Sprintf("%x", int64(g.ID)))
-	r.emit(Event{Kind: LeaseGained, Lease: g.ID})
+	r.log.Info(fmt.Sprintf("joined %q as a member (mode %v, TTL %v)", r.opts.Prefix, r.opts.Mode, ttl), "lease", fmt.Sprintf("%x", int64(lease)))
+	r.emit(Event{Kind: LeaseGained, Lease: lease})
 	return ep, nil
 }
 
@@ -203,13 +170,13 @@ func (r *Replica) keepAlive(ep *epoch) {
 	every := r.opts.keepAliveEvery()
 	for {
 		start := time.Now()
-		sent, resp, err := r.renewLease(ep)
+		sent, valid, err := r.renewLease(ep)
 		switch {
 		case err == nil:
 			r.opts.Metrics.rtt.Observe(time.Since(sent).Seconds())
-			ttl := min(time.Duration(resp.TTL)*time.Second, r.opts.TTL)
+			ttl := min(valid, r.opts.TTL)
 			ep.fence.extend(sent.Add(ttl - r.opts.Margin - cancelLead))
-		case isLeaseNotFound(err):
+		case errors.Is(err, errSessionEnded):
 			ep.fence.expire(errLeaseLost)
 			return
 		}
@@ -224,10 +191,6 @@ func (r *Replica) keepAlive(ep *epoch) {
 		case <-t.C:
 		}
 	}
-}
-
-func isLeaseNotFound(err error) bool {
-	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)
 }
 
 // run is the loop goroutine: it serves one epoch after another until Leave
@@ -443,11 +406,11 @@ func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err
 		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
 	case req.leave:
 		r.markLeaving(req.ctx, ep.lease)
-		_, err = r.cli.Revoke(req.ctx, ep.lease)
+		err = r.be.end(req.ctx, sessionID(ep.lease))
 		// The fence passed before the stop (its cause is not the
 		// ErrClosed of the stop): a lease etcd no longer knows is gone,
 		// and the names with it.
-		gone := isLeaseNotFound(err) && !errors.Is(context.Cause(ep.fence.ctx), ErrClosed)
+		gone := errors.Is(err, errSessionEnded) && !errors.Is(context.Cause(ep.fence.ctx), ErrClosed)
 		switch {
 		case gone:
 			r.log.Info("left: the lease had ended already, every name released", "cause", context.Cause(ep.fence.ctx))

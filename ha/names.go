@@ -369,19 +369,16 @@ func (r *Replica) keepDigest(ep *epoch) {
 // under another lease, or gone, is left to the watch and rewriteMember.
 func (r *Replica) writeDigest(ep *epoch, d string) {
 	defer ep.wg.Done()
-	key := r.keys.members + r.opts.ID
 	for {
 		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
-		resp, err := r.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.LeaseValue(key), "=", int64(ep.lease))).
-			Then(clientv3.OpPut(key, memberValue(r.opts.ID, d, false), clientv3.WithLease(ep.lease))).Commit()
+		written, err := r.be.putMember(ctx, sessionID(ep.lease), d, false)
 		cancel()
-		if isLeaseNotFound(err) {
+		if errors.Is(err, errSessionEnded) {
 			ep.fence.expire(errLeaseLost)
 			return
 		}
 		if err == nil {
-			r.report(ep, result{kind: redigested, digest: d, ok: resp.Succeeded})
+			r.report(ep, result{kind: redigested, digest: d, ok: written})
 			return
 		}
 		if !pause(ep.ctx, retryAfter) {

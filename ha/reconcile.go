@@ -5,6 +5,7 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -34,12 +35,12 @@ const (
 // result is a worker's report to the loop.
 type result struct {
 	kind   resultKind
-	name   string       // released
-	ok     bool         // rewrote: the member key is ours; redigested: it was written
-	digest string       // rewrote, redigested, published: the digest written
-	view   *claimView   // rewrote and not ok: the member key found
-	claims []claimed    // acquired: the outcome of each name of the batch
-	sets   []fetchedSet // fetched: what each read found
+	name   string            // released
+	ok     bool              // rewrote: the member key is ours; redigested: it was written
+	digest string            // rewrote, redigested, published: the digest written
+	other  *clientv3.LeaseID // rewrote and not ok: the lease the member key is under (0: none); nil: the key is gone
+	claims []claimed         // acquired: the outcome of each name of the batch
+	sets   []fetchedSet      // fetched: what each read found
 }
 
 // serve runs one epoch until its fence passes (it returns nil) or a stop
@@ -243,7 +244,7 @@ func (r *Replica) listRange(ctx, passed context.Context, start, end string, rev 
 		if rev != 0 {
 			page = append(page, clientv3.WithRev(rev))
 		}
-		rctx, cancel := r.leaderRequest(ctx)
+		rctx, cancel := r.be.request(ctx)
 		stop := context.AfterFunc(passed, cancel)
 		resp, err := r.cli.Get(rctx, key, page...)
 		stop()
@@ -557,8 +558,8 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 		case <-ep.ctx.Done():
 			return
 		}
-		ctx, cancel := r.leaderRequest(ep.ctx)
-		_, err := r.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
+		ctx, cancel := r.be.request(ep.ctx)
+		err := r.be.release(ctx, c)
 		cancel()
 		<-ep.sem
 		if err == nil {
@@ -593,21 +594,20 @@ func (r *Replica) keepMemberKey(ep *epoch) {
 // whether the key is ours.
 func (r *Replica) rewriteMember(ep *epoch) {
 	defer ep.wg.Done()
-	key := r.keys.members + r.opts.ID
 	for {
 		digest := r.digestString()
-		ctx, cancel := r.leaderRequest(ep.ctx)
-		created, kv, _, err := r.createIfAbsent(ctx, key, memberValue(r.opts.ID, digest, false), ep.lease)
+		ctx, cancel := r.be.request(ep.ctx)
+		under, found, err := r.be.ensureMember(ctx, sessionID(ep.lease), digest)
 		cancel()
-		if isLeaseNotFound(err) {
+		if errors.Is(err, errSessionEnded) {
 			ep.fence.expire(errLeaseLost) // the key went with the lease
 			return
 		}
 		if err == nil {
-			res := result{kind: rewrote, ok: created, digest: digest}
-			if kv != nil {
-				res.ok = clientv3.LeaseID(kv.Lease) == ep.lease
-				res.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+			res := result{kind: rewrote, ok: found && under == sessionID(ep.lease), digest: digest}
+			if found && !res.ok {
+				other := clientv3.LeaseID(under)
+				res.other = &other
 			}
 			r.report(ep, res)
 			return
@@ -616,28 +616,6 @@ func (r *Replica) rewriteMember(ep *epoch) {
 			return
 		}
 	}
-}
-
-// createIfAbsent creates key, holding value, under lease if the key does
-// not exist, and reads it otherwise, in one transaction. It returns
-// whether it created the key, the key it found instead (nil when it
-// created it), and the transaction's header revision.
-func (r *Replica) createIfAbsent(ctx context.Context, key, value string, lease clientv3.LeaseID) (created bool, found *mvccpb.KeyValue, hdr int64, err error) {
-	resp, err := r.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, value, clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return false, nil, 0, err
-	}
-	if resp.Succeeded {
-		return true, nil, resp.Header.Revision, nil
-	}
-	// The Else read the key in the same transaction: it exists.
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
-		found = kvs[0]
-	}
-	return false, found, resp.Header.Revision, nil
 }
 
 // controllerAttr names a controller in a log line as the core does: on
@@ -692,10 +670,10 @@ func (r *Replica) handle(ep *epoch, res result) {
 		switch {
 		case res.ok:
 			r.log.Warn("member key was deleted under the live lease: written again")
-		case res.view != nil:
+		case res.other != nil:
 			// Another lease holds our ID: stop everything and join
 			// again, which fails with ErrDuplicateID while it lives.
-			ep.fence.expire(fmt.Errorf("%w: member key %s held by lease %x", ErrDuplicateID, r.keys.members+r.opts.ID, int64(res.view.lease)))
+			ep.fence.expire(fmt.Errorf("%w: member key %s held by lease %x", ErrDuplicateID, r.keys.members+r.opts.ID, int64(*res.other)))
 		default:
 			r.memberLost = true // deleted again meanwhile
 		}

@@ -1,46 +1,31 @@
-// Requests that need etcd's leader, and the hedged keepalive: on a cluster
-// of several members, a member cut off from its peers must not hold a
-// replica's requests, least of all the keepalives that keep its fence
-// open.
+// The hedged renewal: on a cluster of several etcd members, a member cut
+// off from its peers must not hold the renewals that keep a replica's
+// fence open.
 
 package ha
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// leaderRequest returns the context of one request that needs etcd's
-// leader (a write, a linearizable read, a keepalive), bounded by
-// Options.RequestTimeout. It carries etcd's require-leader metadata: a
-// member that has no leader (cut off from its peers, for about an
-// election timeout after the cut) answers at once with ErrNoLeader,
-// instead of holding the request until its timeout, and the client's
-// next request goes to another endpoint (reads the client retries itself,
-// on another endpoint). The metadata replaces the parent's outgoing
-// metadata, which no caller sets.
-func (r *Replica) leaderRequest(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(clientv3.WithRequireLeader(parent), r.opts.RequestTimeout)
-}
 
 // maxRenewals bounds the keepalives of one replica in flight at once (see
 // renewLease).
 const maxRenewals = 4
 
-// renewal is the outcome of one KeepAliveOnce.
+// renewal is the outcome of one backend.renew.
 type renewal struct {
-	sent time.Time
-	resp *clientv3.LeaseKeepAliveResponse
-	err  error
+	sent  time.Time
+	valid time.Duration
+	err   error
 }
 
-// renewLease renews the epoch's lease once, and returns the first answer
-// (or that the lease is not found) with the send time of the request it
-// answers, so that the caller extends the fence from there. A keepalive
-// can hang on one member while the others would answer at once: a
+// renewLease renews the epoch's lease once, and returns the first answer,
+// the validity it grants (or errSessionEnded), with the send time of the
+// request it answers, so that the caller extends the fence from there. A
+// keepalive can hang on one member while the others would answer at once: a
 // follower just cut off from its peers still believes in its leader for
 // up to two election timeouts, and forwards the renewal to it over the
 // cut peer network, waiting up to etcd's request timeout (seven seconds
@@ -55,9 +40,9 @@ type renewal struct {
 // least), and renewLease returns when the epoch's renewals stop or the
 // fence passes. It cancels the requests still in flight and waits for
 // their goroutines before it returns.
-func (r *Replica) renewLease(ep *epoch) (time.Time, *clientv3.LeaseKeepAliveResponse, error) {
+func (r *Replica) renewLease(ep *epoch) (time.Time, time.Duration, error) {
 	every := r.opts.keepAliveEvery()
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ep.renew))
+	ctx, cancel := context.WithCancel(ep.renew)
 	answers := make(chan renewal, maxRenewals) // never blocks a sender: at most maxRenewals in flight
 	var wg sync.WaitGroup
 	defer func() {
@@ -73,8 +58,8 @@ func (r *Replica) renewLease(ep *epoch) (time.Time, *clientv3.LeaseKeepAliveResp
 		go func() { // owned by renewLease; joined by its deferred wg.Wait
 			defer wg.Done()
 			defer rcancel()
-			resp, err := r.cli.KeepAliveOnce(rctx, ep.lease)
-			answers <- renewal{sent, resp, err}
+			valid, err := r.be.renew(rctx, sessionID(ep.lease))
+			answers <- renewal{sent, valid, err}
 		}()
 	}
 	hedge := time.NewTicker(every / 4)
@@ -85,8 +70,8 @@ func (r *Replica) renewLease(ep *epoch) (time.Time, *clientv3.LeaseKeepAliveResp
 		select {
 		case a := <-answers:
 			inFlight--
-			if a.err == nil || isLeaseNotFound(a.err) {
-				return a.sent, a.resp, a.err
+			if a.err == nil || errors.Is(a.err, errSessionEnded) {
+				return a.sent, a.valid, a.err
 			}
 			last = a
 			r.log.Debug("keepalive", "error", a.err)
@@ -95,9 +80,9 @@ func (r *Replica) renewLease(ep *epoch) (time.Time, *clientv3.LeaseKeepAliveResp
 				send()
 			}
 		case <-ep.renew.Done():
-			return last.sent, nil, ep.renew.Err()
+			return last.sent, 0, ep.renew.Err()
 		case <-ep.fence.ctx.Done():
-			return last.sent, nil, last.err
+			return last.sent, 0, last.err
 		}
 	}
 }

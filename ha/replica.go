@@ -45,7 +45,8 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // them and joins them. Every method is safe for concurrent use.
 type Replica struct {
 	// Immutable after New.
-	cli   *clientv3.Client
+	cli   *clientv3.Client // what is not behind be yet (backend.go)
+	be    backend
 	opts  Options
 	keys  keys
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
@@ -298,6 +299,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		gates:        make(map[string]gate),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
+	r.be = newEtcdBackend(cli, opts, r.keys, r.log, r.stopping)
 	r.claimBatch.Store(maxClaimBatch)
 	r.listPage = listPage
 	return r, nil
@@ -374,7 +376,7 @@ func (r *Replica) Join(ctx context.Context) error {
 		}
 		return err
 	}
-	r.checkServerVersions(ctx)
+	r.be.checkServers(ctx)
 	if r.opts.Mode == Spread && r.opts.Settle > 0 {
 		// Before the loop starts, which alone reads both from here on.
 		r.mu.Lock()

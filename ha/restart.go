@@ -6,10 +6,9 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // awaitPreviousIncarnation waits, within ctx, while this replica's member
@@ -26,15 +25,14 @@ import (
 func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	key := r.keys.members + r.opts.ID
 	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
-	resp, err := r.cli.Get(gctx, key)
+	lease, found, err := r.be.memberSession(gctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("ha: reading member key %q: %w", key, err)
+		return err
 	}
-	if len(resp.Kvs) == 0 {
+	if !found {
 		return nil
 	}
-	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
 	// Each reading, sent at s and answered at v saying n seconds left,
 	// puts the lease's end in [s + n, v + n + 1s) (etcd truncates); the
 	// readings are intersected (leaseAnswer.next). A reading whose range
@@ -49,14 +47,14 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	for {
 		sent := time.Now()
 		tctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
-		ttl, err := r.cli.TimeToLive(tctx, lease)
+		left, granted, err := r.be.timeLeft(tctx, lease)
 		cancel()
 		recv := time.Now()
 		switch {
-		case isLeaseNotFound(err) || (err == nil && ttl.TTL < 0):
+		case errors.Is(err, errSessionEnded):
 			return nil // it ran out, and the key with it
 		case err == nil:
-			next := last.next(sent, recv, time.Duration(ttl.TTL)*time.Second, time.Duration(ttl.GrantedTTL)*time.Second)
+			next := last.next(sent, recv, left, granted)
 			if !last.sent.IsZero() && !next.lo.Before(last.hi) {
 				renewals++
 			}
@@ -65,7 +63,7 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 				return fmt.Errorf("%w: %q (member key %q is held by lease %x, which is being renewed)", ErrDuplicateID, r.opts.ID, key, int64(lease))
 			}
 			if !logged {
-				r.log.Info(fmt.Sprintf("member key %q is held by lease %x, with %ds left: waiting for it to run out, as a previous incarnation's that stopped renewing it would", key, int64(lease), ttl.TTL))
+				r.log.Info(fmt.Sprintf("member key %q is held by lease %x, with %ds left: waiting for it to run out, as a previous incarnation's that stopped renewing it would", key, int64(lease), int64(left/time.Second)))
 				logged = true
 			}
 		case ctx.Err() != nil:

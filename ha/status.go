@@ -176,14 +176,14 @@ func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
 				errs[i] = fmt.Errorf("member %q: lease %q: %w", m.ID, m.Lease, err)
 				return
 			}
-			resp, err := r.cli.TimeToLive(ctx, clientv3.LeaseID(id))
+			left, _, err := r.be.timeLeft(ctx, sessionID(id))
 			switch {
+			case errors.Is(err, errSessionEnded):
+				errs[i] = fmt.Errorf("member %q: lease %s has expired", m.ID, m.Lease)
 			case err != nil:
 				errs[i] = fmt.Errorf("member %q: reading lease %s: %w", m.ID, m.Lease, err)
-			case resp.TTL < 0:
-				errs[i] = fmt.Errorf("member %q: lease %s has expired", m.ID, m.Lease)
 			default:
-				ttl := controller.Duration(time.Duration(resp.TTL) * time.Second)
+				ttl := controller.Duration(left)
 				m.TTL = &ttl
 			}
 		})

@@ -106,19 +106,18 @@ func serverVersionWarning(endpoint string, v, minimum serverVersion) string {
 	return fmt.Sprintf("etcd at %s runs %s, older than %s, the %s this package supports: the fence may not hold (see Server versions in the package documentation)", endpoint, v, minimum, which)
 }
 
-// checkServerVersions asks every endpoint of the replica's client for its
-// etcd version and warns, once, about the oldest one that is too old. It
-// waits at most RequestTimeout; a failure to ask is logged at Debug and
-// does not fail Join.
-func (r *Replica) checkServerVersions(ctx context.Context) {
-	if r.cli.Maintenance == nil { // a client made by clientv3.NewCtxClient
-		r.log.Debug("asking etcd for its version: the client has no maintenance API")
+// checkServers asks every endpoint of the client for its etcd version and
+// warns, once, about the oldest one that is too old. It waits at most
+// RequestTimeout; a failure to ask is logged at Debug.
+func (b *etcdBackend) checkServers(ctx context.Context) {
+	if b.cli.Maintenance == nil { // a client made by clientv3.NewCtxClient
+		b.log.Debug("asking etcd for its version: the client has no maintenance API")
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.requestTimeout)
 	defer cancel()
-	warnOldServers(ctx, r.log, r.cli.Endpoints(), func(ctx context.Context, endpoint string) (string, error) {
-		resp, err := r.cli.Status(ctx, endpoint)
+	warnOldServers(ctx, b.log, b.cli.Endpoints(), func(ctx context.Context, endpoint string) (string, error) {
+		resp, err := b.cli.Status(ctx, endpoint)
 		if err != nil {
 			return "", err
 		}

@@ -1,0 +1,152 @@
+// The seam between what every store needs (placement, the fence, slots,
+// reconcile, events, health, metrics, the page) and the store that keeps
+// the replicas' sessions: the contract a backend fulfils.
+
+package ha
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// backend is the store a replica's group lives in, seen from the shared
+// part of the package. Its methods are safe for concurrent use; none
+// starts a goroutine that outlives the call.
+//
+// A replica's membership is a session: begun with its member record,
+// renewed while the replica runs, and ended by end, by the store when no
+// renewal came in time, or by anyone else. Every holding the replica
+// makes lives under its session and goes with it. The shared part keeps
+// the fence: it counts each validity from a time taken before the request
+// that obtained it (begin's session.sent; renew's caller takes its own),
+// so that the fence passes before the store can end the session (the
+// package documentation, "Why no name runs on two replicas at once").
+//
+// Errors: errSessionEnded (wrapped) where a method says the store no
+// longer knows the session; ErrDuplicateID (wrapped) from begin; any
+// other error is the store's, transient: the caller may try again.
+//
+// The seam is being cut one group of calls at a time (etcd's is
+// etcdBackend). Still outside it, and etcd-typed: the published sets of
+// names, the watch and the listings (all through Replica.cli); the
+// revisions that order the view (session.joinedAt, claimed.hdr,
+// claimView.rev, Claim.Revision and Claim.Held); the batch limits
+// (maxClaimBatch, maxClaimBytes: etcd's defaults); and the lease IDs the
+// view, the epochs and the public types carry (clientv3.LeaseID, which a
+// sessionID converts to and from one for one).
+type backend interface {
+	// checkServers asks the servers the backend reaches which release
+	// they run and logs at Warn, once, the oldest that is too old for the
+	// fence to hold. It returns within Options.RequestTimeout and does
+	// not fail: a server it cannot ask is logged at Debug.
+	checkServers(ctx context.Context)
+
+	// request returns the context of one request that the store's
+	// authority must answer (a write, a linearizable read), bounded by
+	// Options.RequestTimeout and by parent. On etcd it also requires a
+	// leader, so that a member cut off from its peers fails it at once
+	// and the client tries another.
+	request(parent context.Context) (context.Context, context.CancelFunc)
+
+	// begin starts a session of at least ttl and writes this replica's
+	// member record under it, carrying digest (digestString): the record
+	// is created if absent; if it is under prev, this replica's previous
+	// session (0: none), it is moved to the new session, only while it is
+	// still under prev. Any other session's record fails begin with an
+	// error wrapping ErrDuplicateID. The new session is valid until at
+	// least session.sent + ttl: sent is taken before the request that
+	// started it. On an error no session is left: begin ends the one it
+	// started, best effort. Each of its requests is bounded as request's
+	// are, and by ctx.
+	begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (session, error)
+
+	// renew renews session id once and answers valid: the session lives
+	// until at least valid past the moment renew was called. The caller
+	// takes that moment before the call and extends the fence from it by
+	// the shorter of valid and its TTL. errSessionEnded: the session
+	// ended, for good. Bounded by ctx alone; it must reach the store's
+	// authority, as request's requests do.
+	renew(ctx context.Context, id sessionID) (valid time.Duration, err error)
+
+	// end ends session id now: its member record and every holding under
+	// it go at once, in one change the others see. errSessionEnded: it
+	// had ended already. Bounded by ctx alone (Leave's end waits as long
+	// as Leave's context).
+	end(ctx context.Context, id sessionID) error
+
+	// putMember rewrites this replica's member record, carrying digest
+	// and marked leaving or not (memberValue), only while it is under
+	// session id: written is false when it is under another session, or
+	// there is none. errSessionEnded: id has ended. Bounded by ctx alone.
+	putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error)
+
+	// ensureMember writes this replica's member record under session id,
+	// carrying digest, if there is none, and returns the session the
+	// record is under: id when it wrote it or found it under id (left as
+	// it is), or another's, which may be 0 on a store that keeps records
+	// outside any session (etcd: a key put without a lease); found is
+	// false when it saw no record. errSessionEnded: id has ended. Bounded
+	// by ctx alone.
+	ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error)
+
+	// claim makes session id the holder of every one of names, all in
+	// one request, if no session holds any of them; when some are held,
+	// it reads them all instead. It returns the outcome of every name
+	// held once it answers, by id (created now, or found so: an earlier
+	// answer lost to a timeout) or by another session, and the names that
+	// were free while others were not, to claim again. No holding is ever made under a session that
+	// has ended. A request the store refuses as too many names fails
+	// with errTooManyOps, one too large with errTooLarge (wrapped): the
+	// caller halves the batch. ctx bounds it; the caller makes it with
+	// request.
+	claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error)
+
+	// claimCost is what one name adds to claim's request, in bytes,
+	// roughly: the caller keeps a batch below maxClaimBytes.
+	claimCost(name string) int
+
+	// release ends holding c of this replica, only while it is that
+	// holding: a name held anew since, by anyone, is left alone. ctx
+	// bounds it; the caller makes it with request.
+	release(ctx context.Context, c Claim) error
+
+	// memberSession reads this replica's member record, and returns the
+	// session it is under; found is false when there is none. Bounded by
+	// ctx alone.
+	memberSession(ctx context.Context) (id sessionID, found bool, err error)
+
+	// timeLeft reads how long session id lives unless renewed (left), and
+	// the validity of its grant or last renewal (granted). left may be up
+	// to a second short (etcd truncates it to whole seconds; see
+	// leaseAnswer.next). errSessionEnded: the session has ended. Bounded
+	// by ctx alone.
+	timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error)
+}
+
+// sessionID names one session of a backend; 0 names none. On etcd it is
+// the lease's ID.
+type sessionID int64
+
+// session is one that backend.begin started.
+type session struct {
+	id   sessionID
+	sent time.Time // taken before the request that started the session: its validity counts from here
+	// joinedAt is the etcd revision at which the member record was
+	// written, or found when it was moved (epoch.joinedAt). etcd's alone:
+	// it goes when the feed is behind the seam.
+	joinedAt int64
+}
+
+// errTooManyOps and errTooLarge are wrapped by backend.claim's error when
+// the store refuses a request for holding too many names, or too many
+// bytes: the same names in smaller batches would pass.
+var (
+	errTooManyOps = errors.New("ha: too many names in one request for the store")
+	errTooLarge   = errors.New("ha: request too large for the store")
+)
+
+// errSessionEnded is wrapped by a backend's error when the store no
+// longer knows a session: it expired, or was ended (by this replica or by
+// anyone else). A session that ended never lives again.
+var errSessionEnded = errors.New("ha: session ended: the store no longer knows it")

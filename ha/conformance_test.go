@@ -1,0 +1,428 @@
+// The contract of a backend (backend.go), stated once as tests and run
+// against every backend: etcd's, on the real etcd the tests start and in
+// real time, and the in-memory one, inside a testing/synctest bubble,
+// exact and instant. So far the parts of the seam that are cut: sessions,
+// member records, claims and releases.
+
+package ha
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// conformanceTTL is the sessions' TTL in the suite: etcd's shortest that
+// its default election timeout allows, and whole seconds, as etcd counts.
+const conformanceTTL = 2 * time.Second
+
+// conformanceStore is one fresh group on one backend: backendFor returns
+// the backend of a replica with that ID.
+type conformanceStore struct {
+	backendFor func(id string) backend
+	// claimKey is Claim.Key of name's holding.
+	claimKey func(name string) string
+	// slack is how much later than the TTL a session may end: a second
+	// on etcd, which truncates remaining TTLs to whole seconds and
+	// checks expiry every 500ms; none in memory.
+	slack time.Duration
+}
+
+// conformanceCases are the contract, one case each.
+var conformanceCases = []struct {
+	name string
+	test func(t *testing.T, st conformanceStore)
+}{
+	{"BeginRenewEnd", conformBeginRenewEnd},
+	{"DuplicateIDRefusedWhileLive", conformDuplicateID},
+	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},
+	{"UnrenewedSessionEnds", conformExpiry},
+	{"RenewalKeepsTheSession", conformRenewalKeeps},
+	{"MemberRecordWrittenOnlyUnderItsSession", conformMemberRecord},
+	{"ClaimTakesFreeNamesAtOnce", conformClaimFree},
+	{"ClaimOfHeldNamesReadsThem", conformClaimHeld},
+	{"ClaimsGoWithTheirSession", conformClaimsGoWithSession},
+	{"ReleaseEndsOnlyThatHolding", conformRelease},
+}
+
+// Each case against etcd, every case in a group of its own.
+func TestBackendConformanceEtcd(t *testing.T) {
+	needEtcd(t)
+	cli := newClient(t, testEtcd)
+	t.Cleanup(func() { cli.Close() }) // after the parallel subtests, unlike a defer
+	for _, tc := range conformanceCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each in a group of its own; the waits overlap
+			prefix := fmt.Sprintf("/test/conformance/%s/%d", tc.name, time.Now().UnixNano())
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tc.test(t, conformanceStore{
+				backendFor: func(id string) backend {
+					opts := Options{ID: id, RequestTimeout: 2 * time.Second}
+					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
+				},
+				claimKey: func(name string) string { return keysOf(prefix).claims + name },
+				slack:    time.Second,
+			})
+		})
+	}
+}
+
+// Each case against the in-memory backend, in a bubble of its own.
+func TestBackendConformanceMemory(t *testing.T) {
+	for _, tc := range conformanceCases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newMemStore()
+				tc.test(t, conformanceStore{
+					backendFor: func(id string) backend { return st.replica(id, 2*time.Second) },
+					claimKey:   func(name string) string { return memClaimPrefix + name },
+				})
+			})
+		})
+	}
+}
+
+// beginR0 begins a session of replica r0, or fails the test.
+func beginR0(t *testing.T, st conformanceStore) (backend, session) {
+	t.Helper()
+	return beginAs(t, st, "r0")
+}
+
+// beginAs begins a session of replica id, or fails the test.
+func beginAs(t *testing.T, st conformanceStore, id string) (backend, session) {
+	t.Helper()
+	b := st.backendFor(id)
+	s, err := b.begin(context.Background(), 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	return b, s
+}
+
+// A session begins valid from a moment taken before its request, is
+// renewed for its TTL, is the member record's, and once ended is known
+// to be: renew, end and timeLeft say errSessionEnded, and the record is
+// gone.
+func conformBeginRenewEnd(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b := st.backendFor("r0")
+	before := time.Now()
+	s, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	if s.id == 0 || s.sent.Before(before) || s.sent.After(time.Now()) {
+		t.Errorf("begin = %+v: want a session ID, sent between the call and its return", s)
+	}
+	if id, found, err := b.memberSession(ctx); err != nil || !found || id != s.id {
+		t.Errorf("memberSession = %d, %v, %v; want %d, true", id, found, err, s.id)
+	}
+	valid, err := b.renew(ctx, s.id)
+	if err != nil || valid > conformanceTTL || valid < conformanceTTL-st.slack {
+		t.Errorf("renew = %v, %v; want the TTL %v (less at most %v)", valid, err, conformanceTTL, st.slack)
+	}
+	left, granted, err := b.timeLeft(ctx, s.id)
+	if err != nil || granted != conformanceTTL || left > granted || left < conformanceTTL-st.slack {
+		t.Errorf("timeLeft = %v of %v, %v; want about %v of %v", left, granted, err, conformanceTTL, conformanceTTL)
+	}
+	if err := b.end(ctx, s.id); err != nil {
+		t.Fatalf("end: %v", err)
+	}
+	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("renew after end: %v, want errSessionEnded", err)
+	}
+	if err := b.end(ctx, s.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("end after end: %v, want errSessionEnded", err)
+	}
+	if _, _, err := b.timeLeft(ctx, s.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("timeLeft after end: %v, want errSessionEnded", err)
+	}
+	if id, found, err := b.memberSession(ctx); err != nil || found {
+		t.Errorf("memberSession after end = %d, %v, %v; want none", id, found, err)
+	}
+}
+
+// A second replica with the same ID cannot begin while the first's
+// session lives (ErrDuplicateID, and the first keeps its record); it can
+// once that session ended.
+func conformDuplicateID(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	first, second := st.backendFor("r0"), st.backendFor("r0")
+	s, err := first.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	if _, err := second.begin(ctx, 0, conformanceTTL, "digest"); !errors.Is(err, ErrDuplicateID) {
+		t.Fatalf("a second begin of r0: %v, want ErrDuplicateID", err)
+	}
+	if id, found, _ := first.memberSession(ctx); !found || id != s.id {
+		t.Errorf("after the refused begin the record is under %d (found %v), want %d", id, found, s.id)
+	}
+	if _, err := first.renew(ctx, s.id); err != nil {
+		t.Errorf("the first session after the refused begin: %v", err)
+	}
+	if err := first.end(ctx, s.id); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := second.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin after the first session ended: %v", err)
+	}
+	_ = second.end(ctx, s2.id)
+}
+
+// begin with prev moves the member record from prev to the new session,
+// but only while it is under prev: a record under another session
+// refuses it.
+func conformMoveFromPrev(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s1 := beginR0(t, st)
+	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin from the previous session: %v", err)
+	}
+	if s2.id == s1.id {
+		t.Fatalf("begin from %d returned the same session", s1.id)
+	}
+	if id, found, _ := b.memberSession(ctx); !found || id != s2.id {
+		t.Errorf("the record is under %d (found %v), want the new session %d", id, found, s2.id)
+	}
+	if _, err := b.begin(ctx, s1.id, conformanceTTL, "digest"); !errors.Is(err, ErrDuplicateID) {
+		t.Errorf("begin from %d while the record is under %d: %v, want ErrDuplicateID", s1.id, s2.id, err)
+	}
+	_ = b.end(ctx, s1.id)
+	_ = b.end(ctx, s2.id)
+}
+
+// A session nobody renews ends within its TTL (and the store's slack),
+// and its member record goes with it: another replica with its ID may
+// begin.
+func conformExpiry(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s := beginR0(t, st)
+	time.Sleep(conformanceTTL + st.slack)
+	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("renew %v after begin, unrenewed: %v, want errSessionEnded", conformanceTTL+st.slack, err)
+	}
+	if _, found, err := b.memberSession(ctx); err != nil || found {
+		t.Errorf("the member record of an expired session: found %v, %v", found, err)
+	}
+	s2, err := st.backendFor("r0").begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin after the session expired: %v", err)
+	}
+	_ = b.end(ctx, s2.id)
+}
+
+// A session renewed more often than its TTL outlives it several times
+// over.
+func conformRenewalKeeps(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s := beginR0(t, st)
+	for range 6 {
+		time.Sleep(conformanceTTL / 2)
+		if _, err := b.renew(ctx, s.id); err != nil {
+			t.Fatalf("renew every half TTL: %v", err)
+		}
+	}
+	if id, found, _ := b.memberSession(ctx); !found || id != s.id {
+		t.Errorf("after 3 TTLs of renewals the record is under %d (found %v), want %d", id, found, s.id)
+	}
+	_ = b.end(ctx, s.id)
+}
+
+// putMember rewrites the record only while it is under the session
+// named; ensureMember leaves a record that is there as it is and says
+// whose it is.
+func conformMemberRecord(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s1 := beginR0(t, st)
+	if ok, err := b.putMember(ctx, s1.id, "other", true); err != nil || !ok {
+		t.Errorf("putMember under its own session = %v, %v; want written", ok, err)
+	}
+	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest") // the record moves to s2
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.putMember(ctx, s1.id, "stale", false); err != nil || ok {
+		t.Errorf("putMember under the session the record left = %v, %v; want not written", ok, err)
+	}
+	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); err != nil || !found || under != s2.id {
+		t.Errorf("ensureMember from the old session = %d, %v, %v; want the record left under %d", under, found, err, s2.id)
+	}
+	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); err != nil || !found || under != s2.id {
+		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.id)
+	}
+	_ = b.end(ctx, s1.id)
+	_ = b.end(ctx, s2.id)
+	// etcd's compare fails before the put names the lease: not written,
+	// no error. A store may also say errSessionEnded.
+	if ok, err := b.putMember(ctx, s2.id, "digest", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
+		t.Errorf("putMember under an ended session = %v, %v; want not written", ok, err)
+	}
+}
+
+// claimedBy returns the outcomes in got by name.
+func claimedBy(got []claimed) map[string]claimed {
+	m := map[string]claimed{}
+	for _, c := range got {
+		m[c.name] = c
+	}
+	return m
+}
+
+// Free names are all claimed in one request, at one revision; claiming
+// them again (an answer lost) finds them this session's, at that
+// revision.
+func conformClaimFree(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s := beginR0(t, st)
+	defer func() { _ = b.end(ctx, s.id) }()
+	got, absent, err := b.claim(ctx, s.id, []string{"a", "b", "c"})
+	if err != nil || len(absent) != 0 || len(got) != 3 {
+		t.Fatalf("claim of three free names = %v, absent %v, %v", got, absent, err)
+	}
+	rev := got[0].rev
+	for _, c := range got {
+		if !c.ok || c.rev != rev || c.rev == 0 {
+			t.Errorf("claim of free names: %+v, want ours at one revision (%d)", c, rev)
+		}
+	}
+	again, absent, err := b.claim(ctx, s.id, []string{"a", "b", "c"})
+	if err != nil || len(absent) != 0 {
+		t.Fatalf("claim again = %v, absent %v, %v", again, absent, err)
+	}
+	for _, c := range again {
+		if !c.ok || c.rev != rev {
+			t.Errorf("claim again: %+v, want found ours at revision %d", c, rev)
+		}
+	}
+}
+
+// When some of the names are held, nothing is claimed: each held name is
+// reported with its holder, and the free ones are named to claim again.
+func conformClaimHeld(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.end(ctx, sa.id) }()
+	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := claimedBy(got)["x"]
+	if x.ok || x.view == nil || x.view.holder != "r0" || sessionID(x.view.lease) != sa.id || len(got) != 1 {
+		t.Errorf("claim of held x and free y by r1: %+v (view %+v), want only x, held by r0 under %d", got, x.view, sa.id)
+	}
+	if len(absent) != 1 || absent[0] != "y" {
+		t.Errorf("absent = %v, want [y], to claim again", absent)
+	}
+	if got, _, err := b.claim(ctx, sb.id, absent); err != nil || len(got) != 1 || !got[0].ok {
+		t.Errorf("claim of y alone = %+v, %v; want ours", got, err)
+	}
+}
+
+// A session's holdings end with it, so another may claim them; a session
+// that ended claims nothing, and leaves the names free.
+func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.claim(ctx, sa.id, []string{"y"}); !errors.Is(err, errSessionEnded) {
+		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
+	}
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
+	if err != nil || len(absent) != 0 || len(got) != 2 || !got[0].ok || !got[1].ok {
+		t.Errorf("claim of the ended session's x and of y = %+v, absent %v, %v; want both ours", got, absent, err)
+	}
+}
+
+// release ends the holding it names and no other: released again after
+// another session claimed the name, it leaves that holding alone.
+func conformRelease(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.end(ctx, sa.id) }()
+	got, _, err := a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(got) != 1 {
+		t.Fatal(got, err)
+	}
+	old := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
+	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	got, _, err = b.claim(ctx, sb.id, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
+		t.Fatalf("claim of released x by r1 = %+v, %v; want ours at a later revision than %d", got, err, old.Revision)
+	}
+	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release of a holding that ended: %v", err)
+	}
+	got, absent, err := a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].ok || got[0].view == nil || got[0].view.holder != "r1" {
+		t.Errorf("after r0 released its old holding again, x = %+v, absent %v, %v; want still r1's", got, absent, err)
+	}
+}
+
+// What only the in-memory backend can show, being able to lose an
+// answer: a renewal whose answer was lost still renewed, so the caller
+// may go on with the session; a begin whose answer was lost leaves a
+// session the caller does not know, whose record refuses the next begin
+// until it expires (which is why the etcd backend ends what it began
+// when its write fails).
+func TestMemoryBackendFaults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := newMemStore()
+		b := st.replica("r0", time.Second)
+		s, err := b.begin(ctx, 0, conformanceTTL, "d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(conformanceTTL * 3 / 4)
+		st.inject("renew", memFault{lost: true})
+		if _, err := b.renew(ctx, s.id); err == nil {
+			t.Fatal("a renewal whose answer was lost returned no error")
+		}
+		st.inject("renew", memFault{})
+		time.Sleep(conformanceTTL / 2) // past the first grant's end
+		if _, err := b.renew(ctx, s.id); err != nil {
+			t.Errorf("the session after a renewal whose answer was lost: %v", err)
+		}
+		_ = b.end(ctx, s.id)
+
+		st.inject("begin", memFault{lost: true})
+		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err == nil {
+			t.Fatal("a begin whose answer was lost returned no error")
+		}
+		st.inject("begin", memFault{})
+		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); !errors.Is(err, ErrDuplicateID) {
+			t.Errorf("begin after a lost one: %v, want ErrDuplicateID while the unknown session lives", err)
+		}
+		time.Sleep(conformanceTTL)
+		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err != nil {
+			t.Errorf("begin once the unknown session expired: %v", err)
+		}
+		if want := []string{"r0 1 ended", "r0 2 expired"}; fmt.Sprint(st.ended) != fmt.Sprint(want) {
+			t.Errorf("sessions ended: %q, want %q", st.ended, want)
+		}
+	})
+}

@@ -1,0 +1,328 @@
+// A backend held in memory, for the conformance suite and, later, for
+// tests of the shared part under testing/synctest: sessions that expire
+// on the clock of the goroutine's bubble (exact and instant there), and
+// faults injected per call.
+
+package ha
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// memStore is one group's store, shared by the memBackends of its
+// replicas: what a server keeps.
+type memStore struct {
+	mu       sync.Mutex
+	next     sessionID               // the last session ID given; guarded by mu
+	sessions map[sessionID]*memLease // live sessions, and ended ones until reaped; guarded by mu
+	members  map[string]memMember    // member records, by replica ID; guarded by mu
+	claims   map[string]memClaim     // holdings, by name; guarded by mu
+	rev      int64                   // the store's revision: one more at every write; guarded by mu
+	maxOps   int                     // names one claim may carry; 0: any; guarded by mu
+	faults   map[string]memFault     // by operation ("begin", "renew", …); guarded by mu
+	calls    map[string]int          // answered calls, by operation; guarded by mu
+	ended    []string                // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
+}
+
+// memLease is one session as the store has it.
+type memLease struct {
+	member  string        // the replica whose session it is
+	ttl     time.Duration // its validity from each renewal
+	granted time.Time     // when the store last renewed it (or began it)
+}
+
+// memMember is a member record.
+type memMember struct {
+	session sessionID
+	digest  string
+	leaving bool
+}
+
+// memClaim is one name's holding.
+type memClaim struct {
+	session sessionID
+	holder  string // the holder's replica ID
+	rev     int64  // the revision that created it
+}
+
+// memClaimPrefix is what Claim.Key holds before the name.
+const memClaimPrefix = "claims/"
+
+// memFault is what the store does to a call of one operation.
+type memFault struct {
+	// err fails the call before the store acts: a request that never
+	// arrived.
+	err error
+	// lost makes the store act and the caller get an error: an answer
+	// that never came back.
+	lost bool
+	// delay holds the answer back this long after the store acted.
+	delay time.Duration
+}
+
+func newMemStore() *memStore {
+	return &memStore{
+		sessions: map[sessionID]*memLease{},
+		members:  map[string]memMember{},
+		claims:   map[string]memClaim{},
+		faults:   map[string]memFault{},
+		calls:    map[string]int{},
+	}
+}
+
+// inject makes every later call of op meet f; a zero f removes it.
+func (s *memStore) inject(op string, f memFault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f == (memFault{}) {
+		delete(s.faults, op)
+		return
+	}
+	s.faults[op] = f
+}
+
+// replica returns the backend of replica id, its requests bounded by
+// timeout.
+func (s *memStore) replica(id string, timeout time.Duration) *memBackend {
+	return &memBackend{st: s, id: id, timeout: timeout}
+}
+
+// reapLocked ends every session whose validity has passed at now, and
+// deletes its member record, as a server whose TTL ran out does.
+func (s *memStore) reapLocked(now time.Time) {
+	for id, l := range s.sessions {
+		if !now.Before(l.granted.Add(l.ttl)) {
+			s.endLocked(id, "expired")
+		}
+	}
+}
+
+func (s *memStore) endLocked(id sessionID, why string) {
+	l := s.sessions[id]
+	delete(s.sessions, id)
+	s.rev++ // the session's record and holdings go in one revision
+	if s.members[l.member].session == id {
+		delete(s.members, l.member)
+	}
+	for name, c := range s.claims {
+		if c.session == id {
+			delete(s.claims, name)
+		}
+	}
+	s.ended = append(s.ended, fmt.Sprintf("%s %d %s", l.member, id, why))
+}
+
+// call runs op's store side, act, under the store's lock, with op's
+// fault: it fails before act, or loses or delays act's answer.
+func (s *memStore) call(ctx context.Context, op string, act func(now time.Time) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	f := s.faults[op]
+	if f.err != nil {
+		s.mu.Unlock()
+		return f.err
+	}
+	now := time.Now()
+	s.reapLocked(now)
+	err := act(now)
+	s.calls[op]++
+	s.mu.Unlock()
+	if f.delay > 0 {
+		t := time.NewTimer(f.delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if f.lost {
+		return fmt.Errorf("ha: the answer to %s was lost (injected)", op)
+	}
+	return err
+}
+
+// memBackend is one replica's view of a memStore.
+type memBackend struct {
+	st      *memStore     // immutable
+	id      string        // immutable: Options.ID
+	timeout time.Duration // immutable: Options.RequestTimeout
+}
+
+var _ backend = (*memBackend)(nil)
+
+func (b *memBackend) checkServers(context.Context) {}
+
+func (b *memBackend) request(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, b.timeout)
+}
+
+// begin starts a session and writes the member record as etcd's does:
+// created if absent, moved from prev while it is under prev, and any
+// other session's record refused.
+func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (session, error) {
+	sent := time.Now()
+	var s session
+	err := b.st.call(ctx, "begin", func(now time.Time) error {
+		if held, ok := b.st.members[b.id]; ok && held.session != prev {
+			return fmt.Errorf("%w: member %q held by session %d", ErrDuplicateID, b.id, held.session)
+		}
+		b.st.next++
+		b.st.rev++
+		s = session{id: b.st.next, sent: sent, joinedAt: b.st.rev}
+		b.st.sessions[s.id] = &memLease{member: b.id, ttl: ttl, granted: now}
+		b.st.members[b.id] = memMember{session: s.id, digest: digest}
+		return nil
+	})
+	return s, err
+}
+
+func (b *memBackend) renew(ctx context.Context, id sessionID) (time.Duration, error) {
+	var valid time.Duration
+	err := b.st.call(ctx, "renew", func(now time.Time) error {
+		l, ok := b.st.sessions[id]
+		if !ok {
+			return fmt.Errorf("%w: session %d", errSessionEnded, id)
+		}
+		l.granted, valid = now, l.ttl
+		return nil
+	})
+	return valid, err
+}
+
+func (b *memBackend) end(ctx context.Context, id sessionID) error {
+	return b.st.call(ctx, "end", func(time.Time) error {
+		if _, ok := b.st.sessions[id]; !ok {
+			return fmt.Errorf("%w: session %d", errSessionEnded, id)
+		}
+		b.st.endLocked(id, "ended")
+		return nil
+	})
+}
+
+func (b *memBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
+	var id sessionID
+	var found bool
+	err := b.st.call(ctx, "memberSession", func(time.Time) error {
+		var m memMember
+		m, found = b.st.members[b.id]
+		id = m.session
+		return nil
+	})
+	return id, found, err
+}
+
+func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	err = b.st.call(ctx, "timeLeft", func(now time.Time) error {
+		l, ok := b.st.sessions[id]
+		if !ok {
+			return fmt.Errorf("%w: session %d", errSessionEnded, id)
+		}
+		left, granted = l.granted.Add(l.ttl).Sub(now), l.ttl
+		return nil
+	})
+	return left, granted, err
+}
+
+// live fails with errSessionEnded unless session id lives. Under mu.
+func (s *memStore) liveLocked(id sessionID) error {
+	if _, ok := s.sessions[id]; !ok {
+		return fmt.Errorf("%w: session %d", errSessionEnded, id)
+	}
+	return nil
+}
+
+func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error) {
+	err = b.st.call(ctx, "putMember", func(time.Time) error {
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		if m, ok := b.st.members[b.id]; ok && m.session == id {
+			b.st.rev++
+			b.st.members[b.id] = memMember{session: id, digest: digest, leaving: leaving}
+			written = true
+		}
+		return nil
+	})
+	return written, err
+}
+
+func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error) {
+	err = b.st.call(ctx, "ensureMember", func(time.Time) error {
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		m, ok := b.st.members[b.id]
+		if !ok {
+			b.st.rev++
+			m = memMember{session: id, digest: digest}
+			b.st.members[b.id] = m
+		}
+		under, found = m.session, true
+		return nil
+	})
+	return under, found, err
+}
+
+// claim creates every holding at one revision if all of names are free,
+// as etcd's transaction does; otherwise it reads them.
+func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+	err = b.st.call(ctx, "claim", func(time.Time) error {
+		got, absent = nil, nil
+		if b.st.maxOps > 0 && len(names) > b.st.maxOps {
+			return fmt.Errorf("%w: %d names, at most %d", errTooManyOps, len(names), b.st.maxOps)
+		}
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		free := true
+		for _, name := range names {
+			if _, held := b.st.claims[name]; held {
+				free = false
+			}
+		}
+		if free {
+			b.st.rev++
+			for _, name := range names {
+				b.st.claims[name] = memClaim{session: id, holder: b.id, rev: b.st.rev}
+				got = append(got, claimed{name: name, ok: true, rev: b.st.rev})
+			}
+			return nil
+		}
+		for _, name := range names {
+			c, held := b.st.claims[name]
+			switch {
+			case !held:
+				absent = append(absent, name)
+			case c.session == id:
+				got = append(got, claimed{name: name, ok: true, rev: c.rev, hdr: b.st.rev})
+			default:
+				got = append(got, claimed{name: name, hdr: b.st.rev, view: &claimView{holder: c.holder, lease: clientv3.LeaseID(c.session), rev: c.rev}})
+			}
+		}
+		return nil
+	})
+	return got, absent, err
+}
+
+func (b *memBackend) claimCost(name string) int { return len(memClaimPrefix) + len(name) + 16 }
+
+// release deletes the holding c names while it is that holding.
+func (b *memBackend) release(ctx context.Context, c Claim) error {
+	return b.st.call(ctx, "release", func(time.Time) error {
+		name := strings.TrimPrefix(c.Key, memClaimPrefix)
+		if h, held := b.st.claims[name]; held && h.rev == c.Revision {
+			b.st.rev++
+			delete(b.st.claims, name)
+		}
+		return nil
+	})
+}
