@@ -78,7 +78,9 @@ type backend interface {
 	// putMember rewrites this replica's member record, carrying digest
 	// and marked leaving or not (memberValue), only while it is under
 	// session id: written is false when it is under another session, or
-	// there is none. errSessionEnded: id has ended. Bounded by ctx alone.
+	// there is none, or id has ended (etcd answers so: its comparison
+	// fails before the write names the lease); a store may answer
+	// errSessionEnded instead. Bounded by ctx alone.
 	putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error)
 
 	// ensureMember writes this replica's member record under session id,

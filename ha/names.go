@@ -541,7 +541,7 @@ func (r *Replica) fetchNameSets(ep *epoch, want map[string]string) {
 	defer ep.wg.Done()
 	var sets []fetchedSet
 	for id, d := range want {
-		ctx, cancel := r.leaderRequest(ep.ctx)
+		ctx, cancel := r.be.request(ep.ctx)
 		resp, err := r.cli.Get(ctx, r.keys.names+id+"/"+d+"/", clientv3.WithPrefix())
 		cancel()
 		if err == nil && len(resp.Kvs) > 0 {
