@@ -172,10 +172,29 @@ func (o *observer) see(l *coordinationv1.Lease, at time.Time) {
 	o.seeLocked(l, at, false)
 }
 
-// seeLocked is see; fed says the feed brought l.
+// sessionOf returns the session identity that holds the member Lease l,
+// and false if l has none, or if l's name is not the member Lease name of
+// that identity's ID: such a Lease (written by hand, or restored from
+// another group) is not that session's, and judging the session by it
+// would have expire read and delete a Lease that proves nothing of it,
+// or a deletion of it end a session whose own Lease lives.
+func (o *observer) sessionOf(l *coordinationv1.Lease) (string, bool) {
+	identity := holder(l)
+	id, ok := identityID(identity)
+	if !ok || l.Name != o.g.memberName(id) {
+		return "", false
+	}
+	return identity, true
+}
+
+// seeLocked is see; fed says the feed brought l. A version that differs from
+// the stamped one is stamped at at, or at the earlier stamp's time if
+// that is later: a read answered at at may take the lock after the feed
+// stamped a later version, and a stamp moved back in time would count D
+// from before the commit of a renewal it had already seen.
 func (o *observer) seeLocked(l *coordinationv1.Lease, at time.Time, fed bool) {
-	id := holder(l)
-	if _, ok := identityID(id); !ok {
+	id, ok := o.sessionOf(l)
+	if !ok {
 		return
 	}
 	if _, over := o.ends[id]; over {
@@ -187,6 +206,9 @@ func (o *observer) seeLocked(l *coordinationv1.Lease, at time.Time, fed bool) {
 		st.fed = fed
 		o.stamps[id] = st
 		return
+	}
+	if ok && st.seen.After(at) {
+		at = st.seen
 	}
 	d := o.g.duration
 	if l.Spec.LeaseDurationSeconds != nil {
@@ -227,8 +249,8 @@ func (o *observer) observe(ch change) {
 		if !isMember(ch.lease) {
 			return
 		}
-		id := holder(ch.lease)
-		if _, ok := identityID(id); !ok {
+		id, ok := o.sessionOf(ch.lease)
+		if !ok {
 			return
 		}
 		since, d := ch.at, o.g.duration
