@@ -169,8 +169,9 @@ type endSign struct {
 //
 // # What is assumed
 //
-// leaseDurationSeconds is only written by the session that created the
-// Lease. The rate difference of the holder's and the observer's
+// An observer has seen the widest D of the group's live members once
+// (see "Which D"; begin keeps the members' D equal, so its own group's D
+// is that D). The rate difference of the holder's and the observer's
 // monotonic clocks is covered by Margin; clocks need not be synchronized
 // (renewTime is never read).
 type observer struct {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -85,12 +86,20 @@ func TestReviewMemberLeaseOfAnotherNameIsNotStamped(t *testing.T) {
 }
 
 // Replicas whose D differ (a rolling upgrade that changes it, or one
-// replica configured apart: nothing refuses a member Lease whose
-// leaseDurationSeconds is not the group's) must not end each other
-// early. The taker (D = 2 s) never saw the holder (D = 6 s); the holder's
-// Lease is deleted by hand; the taker finds it absent and counts its own
-// D from that read, and takes the names about 2 s later, while the
-// holder, paused, keeps its fence open until sent + 6 s − Margin.
+// replica configured apart) must not end each other early.
+//
+// As the review wrote it, the taker (D = 2 s) began while the holder
+// (D = 6 s) was live; begin now refuses that (errDurationMismatch), so
+// the test checks the refusal, and that the refused begin left no Lease.
+// What remains of the hazard is an observer that judges a session of a
+// D wider than its own: two begins that raced (each lists after its
+// create, so one of the two is refused, which a test cannot make both
+// escape), or the observer of a replica configured apart. So the
+// taker's observer (D = 2 s) reads one member of D = 6 s, never the
+// holder's Lease; the holder pauses and its Lease is deleted by hand;
+// the observer's read finds it absent, and must count the widest D it
+// has seen in the group, not its own: not ended before the holder's
+// validity.
 func TestReviewMixedDurationsDoNotEndASessionEarly(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroup(t, c, 4, nil)
@@ -98,19 +107,38 @@ func TestReviewMixedDurationsDoNotEndASessionEarly(t *testing.T) {
 	long.duration = 3 * testD
 	holderG := otherReplica(t, c, &long, nil)
 	hs, valid := mustBegin(t, holderG, "holder")
+	other, _ := mustBegin(t, holderG, "other")
 	holderR := replica{s: hs, o: newObserver(holderG)}
-	taker := newReplica(t, c, g, "taker")
-	names := namesIn(g, 0, 3)
-	mustChange(t, holderR, 0, claimChange{claim: names})
+	mustChange(t, holderR, 0, claimChange{claim: namesIn(g, 0, 3)})
+
+	takerG := otherReplica(t, c, g, nil)
+	if _, _, err := takerG.begin(t.Context(), "taker"); !errors.Is(err, errDurationMismatch) {
+		t.Fatalf("begin with D = %v while members of D = %v live: %v, want errDurationMismatch", g.duration, long.duration, err)
+	}
+	leases := c.admin.CoordinationV1().Leases(replicaNamespace)
+	if _, err := leases.Get(t.Context(), g.memberName("taker"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the refused begin left its Lease: %v", err)
+	}
+
+	o := newObserver(takerG)
+	seeNow(t, o, other)
 	// The holder pauses now: valid is its validity, its fence passes
 	// Margin before it.
-	if err := c.admin.CoordinationV1().Leases(replicaNamespace).Delete(t.Context(), hs.name, metav1.DeleteOptions{}); err != nil {
+	if err := leases.Delete(t.Context(), hs.name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	took := takeWhenEnded(t, taker, 0, names, 4*testD)
-	if took.Before(valid) {
-		t.Fatalf("the taker (D = %v) took the holder's names %v before the holder's (D = %v) validity ended",
-			g.duration, valid.Sub(took).Round(time.Millisecond), long.duration)
+	for !o.ended(hs.identity) {
+		if err := o.learn(t.Context(), []string{hs.identity}); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(valid.Add(2 * testD)) {
+			t.Fatal("the holder's session never ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ended := time.Now(); ended.Before(valid) {
+		t.Fatalf("the taker (D = %v) judged the holder (D = %v) ended %v before its validity ended",
+			g.duration, long.duration, valid.Sub(ended).Round(time.Millisecond))
 	}
 }
 
