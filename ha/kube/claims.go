@@ -88,6 +88,14 @@ type claimChange struct {
 // So a name changes holder only when it is free, its holder gives it
 // away, or its holder's session is proven ended; and the server's
 // resourceVersion check makes the read and the write one step.
+//
+// The claims are applied first, then the releases, then the gives, and
+// got is computed from the claims as they end: a name of ch.claim is got
+// only if c names me as its holder after the whole change. A change that
+// claims a name and also releases or gives it (the caller's mistake, or
+// two plans merged) is not refused: the later step wins, and the name is
+// not reported got, so that no caller installs a name whose entry names
+// another session, or none.
 func (c bucketClaims) apply(me string, ch claimChange, ended func(session string) bool, token int64) (got []string, changed bool) {
 	takeable := func(name string) (entry, bool) {
 		h, held := c[name]
@@ -98,7 +106,6 @@ func (c bucketClaims) apply(me string, ch claimChange, ended func(session string
 		if !ok {
 			continue
 		}
-		got = append(got, name)
 		if h.session != me {
 			c[name] = entry{session: me, token: token}
 			changed = true
@@ -115,6 +122,11 @@ func (c bucketClaims) apply(me string, ch claimChange, ended func(session string
 		if h, ok := takeable(name); ok && h.session != s {
 			c[name] = entry{session: s, token: token}
 			changed = true
+		}
+	}
+	for _, name := range ch.claim {
+		if h, held := c[name]; held && h.session == me && !slices.Contains(got, name) {
+			got = append(got, name)
 		}
 	}
 	return got, changed

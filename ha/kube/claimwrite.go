@@ -11,24 +11,30 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// maxChangeTries bounds the reads and writes of one change: another
-// writer's update of the bucket between a read and the write makes the
-// write fail (409) and the change start over from a new read. A bucket
-// has a few writers at once at most (the replicas placing its names), so
-// a change that loses eight times in a row meets a writer that does not
-// stop; the caller tries again later.
-const maxChangeTries = 8
+// A write that loses to another writer's (409) is retried from a new
+// read after a pause drawn at random in [0, b), b doubling from
+// minChangeBackoff up to maxChangeBackoff: writers that conflicted once
+// spread out instead of meeting again, however many there are (a join:
+// every holder hands over its part while the joiner claims). Retries go
+// on until the change's context ends.
+const (
+	minChangeBackoff = 10 * time.Millisecond
+	maxChangeBackoff = 500 * time.Millisecond
+)
 
-// errBucketContended is change's answer when its write lost to another
-// writer's on every one of its maxChangeTries tries.
-var errBucketContended = errors.New("kube: the bucket was written by another on every try")
+// errBucketContended is change's answer when its context ended while it
+// was waiting to retry a write that lost to another writer's. It wraps
+// the context's error too.
+var errBucketContended = errors.New("kube: the bucket was written by another on every try until the context ended")
 
 // changeResult is what a change of one bucket's claims left.
 type changeResult struct {
@@ -59,8 +65,10 @@ type changeResult struct {
 // session's, for people reading the Lease. A bucket that is absent is
 // created with the result, leaseTransitions 0 and the group's labels. A
 // conflict (another writer came between the read and the write, or
-// created the bucket first) starts over from a new read, up to
-// maxChangeTries times (then errBucketContended). A change that changes
+// created the bucket first) starts over from a new read after a random
+// pause (minChangeBackoff), for as long as ctx lasts (then
+// errBucketContended, or the error of the request ctx cut short). A
+// change that changes
 // nothing writes nothing. A bucket whose claims do not decode
 // (errMalformedClaims) is left as it is.
 //
@@ -90,7 +98,12 @@ func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange
 		return changeResult{}, fmt.Errorf("kube: bucket %d out of [0, %d)", i, g.buckets)
 	}
 	name := g.bucketName(i)
-	for range maxChangeTries {
+	for try := 0; ; try++ {
+		if try > 0 {
+			if err := changeBackoff(ctx, try); err != nil {
+				return changeResult{}, fmt.Errorf("%w: %s, %d tries: %w", errBucketContended, name, try, err)
+			}
+		}
 		if err := s.stateErr(); err != nil {
 			return changeResult{}, fmt.Errorf("%w: not changing %s", err, name)
 		}
@@ -157,7 +170,25 @@ func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange
 		res.lease, res.wrote = wrote, true
 		return res, nil
 	}
-	return changeResult{}, fmt.Errorf("%w: %s, %d tries", errBucketContended, name, maxChangeTries)
+}
+
+// changeBackoff waits before the given retry (1 for the first) of a
+// change whose write lost: a time drawn at random in [0, b), b =
+// minChangeBackoff·2^(retry−1), at most maxChangeBackoff. It answers
+// ctx's error if ctx ends first.
+func changeBackoff(ctx context.Context, retry int) error {
+	b := maxChangeBackoff
+	if retry < 16 {
+		b = min(minChangeBackoff<<(retry-1), maxChangeBackoff)
+	}
+	t := time.NewTimer(rand.N(b))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // holdersAsked returns the sessions other than me that hold a name ch

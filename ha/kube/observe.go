@@ -19,15 +19,18 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// stamp is what an observer knows of one session's member Lease while
-// it does not know the session ended: the version it last saw, and when
-// it first saw that version on its own monotonic clock.
+// stamp is what an observer knows of one session's member Lease: the
+// version it last saw, and when it first saw that version on its own
+// monotonic clock. It is used to judge the session expired while the
+// observer does not know of its end; after a read found the Lease gone,
+// the feed's versions still restamp it, for the feed's Deleted event
+// (observer.observe).
 type stamp struct {
 	name     string // the member Lease's name
 	uid      types.UID
 	rv       string        // the resourceVersion seen
-	seen     time.Time     // monotonic: first receipt of rv (a watch event or a read), after its commit
-	duration time.Duration // D, as leaseDurationSeconds says at rv
+	seen     time.Time     // monotonic: first receipt of rv (a watch event or a read), after its commit, and never before an earlier stamp's
+	duration time.Duration // D: the widest the observer had seen in the group (observer.widest) when it stamped, so never less than rv's own, the group's or an earlier stamp's
 	// fed: the feed has shown a version of this session's Lease. From
 	// then on it shows every later version (as an event, or in a
 	// listing) before the Lease's deletion, in commit order.
@@ -44,7 +47,7 @@ func (st stamp) due() time.Time { return st.seen.Add(st.duration) }
 type endSign struct {
 	proven   bool          // this observer's guarded delete of the session's Lease succeeded
 	since    time.Time     // monotonic: a time after the commit of the session's last renewal (see observer)
-	duration time.Duration // D of the session's Lease, or the group's when the observer never saw it
+	duration time.Duration // D: the widest the observer had seen in the group (observer.widest) when it recorded the end, and at least its stamp's
 }
 
 // observer judges other sessions ended, and proves it where it can by
@@ -113,9 +116,29 @@ type endSign struct {
 //	          validity, 57.0, runs out)
 //	t = 55.2  the holder's renewal is answered 404: its fence passes
 //	          (had it been paused, its fence would pass by 57.0 − Margin)
-//	t = 56.0  the feed recovers and brings rv 42 … 45 (stamps of an
-//	          ending session are not taken), then the Deleted event,
-//	          whose own receipt (56.0) is later: 58.0 stands
+//	t = 56.0  the feed recovers and brings rv 42 … 45 (stamped at 56.0:
+//	          the feed's versions of an ending session still restamp
+//	          it), then the Deleted event: the stamp (56.0) is later
+//	          than the read's 55.0, which stands (58.0)
+//
+// Had the feed brought rv 45 at 54.1 and the Deleted event after the
+// read, the end would count from 54.1 instead: every version before the
+// deletion was shown, and the last one stamped after its commit. That
+// is how, of two observers racing to prove a silent session ended, the
+// loser (its read finds the Lease gone after the winner's delete) still
+// counts from its stamp once its feed brings the deletion, not D from
+// its read (TestReviewDeleteRaceLoserDoesNotWaitAnotherD).
+//
+// # Which D
+//
+// Every stamp and every end counts the largest D the observer has seen
+// in the group (widest): its own group's, and the leaseDurationSeconds of
+// every member Lease it has read or the feed brought, the deleted one's
+// included. begin refuses a member whose D differs from the live
+// members', but two begins may race, and an administrator may shorten a
+// Lease's leaseDurationSeconds after its holder's last renewal: neither
+// then makes an observer count less than the holder's own D, as long as
+// it saw that D once.
 //
 // # A session's life as the observer sees it
 //
@@ -124,12 +147,14 @@ type endSign struct {
 //	present (fed) ──the feed's Deleted event, or its listing without it──▶ ending (since = the stamp, or the listing's receipt)
 //	present, unknown ──absent or another incarnation, by a read after it existed──▶ ending (since = receipt)
 //	ending ──an earlier safe since──▶ ending (the earlier)
+//	ending (a stamp) ──a version from the feed──▶ ending (restamped; the Deleted event may bring since down to it)
 //	ending ──since + D passed──▶ ended (by the clock: nothing is written)
 //
 // proven and ending are kept per identity and never undone: an identity
 // never comes back (begin creates a member Lease only if absent, with a
 // new incarnation), so a version of it read after its end is an old one,
-// and is not stamped.
+// and is not stamped; the feed's versions are (above), as the feed shows
+// them in commit order before the deletion.
 //
 // # What a stalled or late feed can do
 //
@@ -144,22 +169,24 @@ type endSign struct {
 //
 // # What is assumed
 //
-// leaseDurationSeconds is only written by the session that created the
-// Lease. The rate difference of the holder's and the observer's
+// An observer has seen the widest D of the group's live members once
+// (see "Which D"; begin keeps the members' D equal, so its own group's D
+// is that D). The rate difference of the holder's and the observer's
 // monotonic clocks is covered by Margin; clocks need not be synchronized
 // (renewTime is never read).
 type observer struct {
 	g *group // immutable
 
 	mu     sync.Mutex
-	stamps map[string]stamp   // guarded by mu: session identity → its member Lease's last version seen, until its end is known
+	stamps map[string]stamp   // guarded by mu: session identity → its member Lease's last version seen, until the Lease's deletion, a listing without it, or a proof ends it
 	ends   map[string]endSign // guarded by mu: session identity → the sign of its end
+	widest time.Duration      // guarded by mu: the largest D seen: the group's, or any member Lease's leaseDurationSeconds, from a read or the feed; it only grows
 }
 
 // newObserver returns an observer of g's member Leases that has seen
 // none.
 func newObserver(g *group) *observer {
-	return &observer{g: g, stamps: make(map[string]stamp), ends: make(map[string]endSign)}
+	return &observer{g: g, stamps: make(map[string]stamp), ends: make(map[string]endSign), widest: g.duration}
 }
 
 // see records the member Lease l, as a read received it at the monotonic
@@ -172,13 +199,33 @@ func (o *observer) see(l *coordinationv1.Lease, at time.Time) {
 	o.seeLocked(l, at, false)
 }
 
-// seeLocked is see; fed says the feed brought l.
+// sessionOf returns the session identity that holds the member Lease l,
+// and false if l has none, or if l's name is not the member Lease name of
+// that identity's ID: such a Lease (written by hand, or restored from
+// another group) is not that session's, and judging the session by it
+// would have expire read and delete a Lease that proves nothing of it,
+// or a deletion of it end a session whose own Lease lives.
+func (o *observer) sessionOf(l *coordinationv1.Lease) (string, bool) {
+	identity := holder(l)
+	id, ok := identityID(identity)
+	if !ok || l.Name != o.g.memberName(id) {
+		return "", false
+	}
+	return identity, true
+}
+
+// seeLocked is see; fed says the feed brought l. A version that differs from
+// the stamped one is stamped at at, or at the earlier stamp's time if
+// that is later: a read answered at at may take the lock after the feed
+// stamped a later version, and a stamp moved back in time would count D
+// from before the commit of a renewal it had already seen.
 func (o *observer) seeLocked(l *coordinationv1.Lease, at time.Time, fed bool) {
-	id := holder(l)
-	if _, ok := identityID(id); !ok {
+	id, ok := o.sessionOf(l)
+	if !ok {
 		return
 	}
-	if _, over := o.ends[id]; over {
+	o.widenLocked(l)
+	if e, over := o.ends[id]; over && (e.proven || !fed) {
 		return
 	}
 	st, ok := o.stamps[id]
@@ -188,11 +235,22 @@ func (o *observer) seeLocked(l *coordinationv1.Lease, at time.Time, fed bool) {
 		o.stamps[id] = st
 		return
 	}
-	d := o.g.duration
-	if l.Spec.LeaseDurationSeconds != nil {
-		d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	if ok && st.seen.After(at) {
+		at = st.seen
 	}
-	o.stamps[id] = stamp{name: l.Name, uid: l.UID, rv: l.ResourceVersion, seen: at, duration: d, fed: fed}
+	o.stamps[id] = stamp{name: l.Name, uid: l.UID, rv: l.ResourceVersion, seen: at, duration: o.widest, fed: fed}
+}
+
+// widenLocked raises widest to l's leaseDurationSeconds if larger. So
+// every stamp and end counts the largest D the observer has seen in the
+// group: a Lease's own D (which an administrator may have shortened
+// since the holder's last renewal), the group's, and any D seen before,
+// of this session or another (a member whose D differs from the
+// group's, which begin refuses unless two begins raced).
+func (o *observer) widenLocked(l *coordinationv1.Lease) {
+	if d := l.Spec.LeaseDurationSeconds; d != nil {
+		o.widest = max(o.widest, time.Duration(*d)*time.Second)
+	}
 }
 
 // observe takes in one change of the group's feed, which must reach the
@@ -216,6 +274,7 @@ func (o *observer) observe(ch change) {
 		}
 		for id, st := range o.stamps {
 			if st.fed && listed[st.name] != id {
+				delete(o.stamps, id) // gone: no later version will come
 				o.endingLocked(id, ch.at, st.duration)
 			}
 		}
@@ -227,28 +286,37 @@ func (o *observer) observe(ch change) {
 		if !isMember(ch.lease) {
 			return
 		}
-		id := holder(ch.lease)
-		if _, ok := identityID(id); !ok {
+		id, ok := o.sessionOf(ch.lease)
+		if !ok {
 			return
 		}
-		since, d := ch.at, o.g.duration
+		o.widenLocked(ch.lease)
+		since, d := ch.at, time.Duration(0)
 		if st, ok := o.stamps[id]; ok {
 			d = st.duration
-			if st.fed && st.uid == ch.lease.UID {
+			if st.fed && st.uid == ch.lease.UID && st.seen.Before(since) {
 				since = st.seen
 			}
+			delete(o.stamps, id) // gone: no later version will come
 		}
 		o.endingLocked(id, since, d)
 	}
 }
 
 // endingLocked records that the session identity counts as ended from
-// since + d, unless its end is proven or counts from earlier already, and
-// drops its stamp: later versions of an ending session are old ones.
+// since + D, D the larger of d and widest (and of the D of an end
+// recorded before), unless its end is proven or counts from earlier
+// already. It keeps the session's stamp: a fed stamp of an ending
+// session is still restamped by the feed's later versions (never by a
+// read's: a version a read brings after the end may be an old one), so
+// that the feed's Deleted event can bring since down to it.
 func (o *observer) endingLocked(identity string, since time.Time, d time.Duration) {
-	delete(o.stamps, identity)
-	if e, ok := o.ends[identity]; ok && (e.proven || !since.Before(e.since)) {
-		return
+	d = max(d, o.widest)
+	if e, ok := o.ends[identity]; ok {
+		if e.proven || !since.Before(e.since) {
+			return
+		}
+		d = max(d, e.duration)
 	}
 	o.ends[identity] = endSign{since: since, duration: d}
 }
@@ -256,11 +324,12 @@ func (o *observer) endingLocked(identity string, since time.Time, d time.Duratio
 // absent records that a read answered at the monotonic time at, and sent
 // after the session identity's member Lease was known to exist, found it
 // absent or of another incarnation: the session counts as ended from
-// at + D.
+// at + D, or earlier if the feed's Deleted event comes and its stamp is
+// earlier (observe).
 func (o *observer) absent(identity string, at time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	d := o.g.duration
+	d := time.Duration(0)
 	if st, ok := o.stamps[identity]; ok {
 		d = st.duration
 	}
@@ -333,21 +402,25 @@ func (o *observer) knows(identity string) bool {
 	return stamped || over
 }
 
-// stampOf returns the observer's stamp of identity's member Lease.
+// stampOf returns the observer's stamp of identity's member Lease, and
+// false if it has none or knows of the session's end (the stamp of an
+// ending session is kept only for the feed's Deleted event).
 func (o *observer) stampOf(identity string) (stamp, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	st, ok := o.stamps[identity]
-	return st, ok
+	_, over := o.ends[identity]
+	return st, ok && !over
 }
 
-// due returns the sessions whose stamped version is due at now.
+// due returns the sessions whose stamped version is due at now, and
+// whose end the observer does not know of.
 func (o *observer) due(now time.Time) []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var ids []string
 	for id, st := range o.stamps {
-		if !now.Before(st.due()) {
+		if _, over := o.ends[id]; !over && !now.Before(st.due()) {
 			ids = append(ids, id)
 		}
 	}

@@ -79,10 +79,35 @@ func TestObserverEndsOnItsOwnEvidenceOnly(t *testing.T) {
 			o.proven(x)
 			o.see(memberLease(g, x, "u1", "5"), now)
 		}, map[string]bool{x: true}},
-		{"a read's absence, then the feed's deletion: not from the stamp, as versions after the read went unstamped", func(o *observer) {
+		{"a read's absence, then the feed's deletion after its versions: D from the stamp (the feed showed every version)", func(o *observer) {
 			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "5"), at: ago(3 * time.Second)})
 			o.absent(x, now)
 			o.observe(change{kind: changeDelete, lease: memberLease(g, x, "u1", "6"), at: now})
+		}, map[string]bool{x: true}},
+		{"a read's absence, then the feed's late versions and deletion: D from the read or the last version the feed showed, not an earlier one", func(o *observer) {
+			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "5"), at: ago(3 * time.Second)})
+			o.absent(x, ago(500*time.Millisecond))
+			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "6"), at: ago(200 * time.Millisecond)}) // stamped while ending
+			o.observe(change{kind: changeDelete, lease: memberLease(g, x, "u1", "7"), at: now})
+		}, map[string]bool{x: false}},
+		{"a stamp never moves back: a read answered before the feed's later version takes the lock after it", func(o *observer) {
+			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "5"), at: ago(3 * time.Second)})
+			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "6"), at: ago(time.Second)})
+			o.see(memberLease(g, x, "u1", "5"), ago(2500*time.Millisecond))
+			o.observe(change{kind: changeDelete, lease: memberLease(g, x, "u1", "7"), at: now})
+		}, map[string]bool{x: false}},
+		{"a member of a wider D seen: another's absence counts that D, not the group's", func(o *observer) {
+			wide := memberLease(g, y, "u2", "7")
+			wide.Spec.LeaseDurationSeconds = new(int32(6))
+			o.see(wide, ago(10*time.Second))
+			o.absent(x, ago(3*time.Second))
+		}, map[string]bool{x: false}},
+		{"a Lease's D shortened after its last renewal: the earlier, longer D counts", func(o *observer) {
+			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "5"), at: ago(2500 * time.Millisecond)})
+			short := memberLease(g, x, "u1", "6")
+			short.Spec.LeaseDurationSeconds = new(int32(1))
+			o.observe(change{kind: changePut, lease: short, at: ago(1500 * time.Millisecond)})
+			o.observe(change{kind: changeDelete, lease: memberLease(g, x, "u1", "7"), at: now})
 		}, map[string]bool{x: false}},
 		{"never seen, never read: not ended", func(o *observer) {}, map[string]bool{x: false}},
 	} {

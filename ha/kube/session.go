@@ -53,6 +53,25 @@ var errDuplicateSession = errors.New("kube: a session of this member ID exists a
 // no longer extend its validity; a new one must begin.
 var errSessionLost = errors.New("kube: member session lost: its Lease was deleted or written since the session's last write")
 
+// errDurationMismatch is begin's answer when another member Lease of the
+// group has a leaseDurationSeconds other than the group's D: replicas of
+// one group must agree on D, as on the bucket count, so that none judges
+// another's session ended by a D shorter than the one its holder counts
+// its validity with (observe.go, "Which D").
+var errDurationMismatch = errors.New("kube: a member of the group has a lease duration other than this replica's")
+
+// errReservedInfix is the answer of newGroup for a group name that
+// contains "-m-" or "-b-" or ends with "-m" or "-b", and of begin for a
+// member ID that contains "-m-" or "-b-". With such group names, one
+// group's Lease names could be another's: group "a-m"'s bucket 0 and
+// group "a"'s member "b-0" are both "a-m-b-0", and group "a-m-x"'s
+// members are group "a"'s members "x-m-…". The group rule alone rules
+// that out (a collision needs one group name to continue past the other
+// with an infix, whole or cut at its last dash); the ID rule keeps the
+// infix the only one in a member Lease's name, for people and tools that
+// read it.
+var errReservedInfix = errors.New(`kube: "-m-" and "-b-" are reserved as the infixes of Lease names`)
+
 // errSessionEnded is the answer of renew after end succeeded.
 var errSessionEnded = errors.New("kube: member session ended")
 
@@ -95,6 +114,9 @@ func newGroup(leases, renewals coordinationv1client.LeaseInterface, name string,
 	if g.duration < duration {
 		g.duration += time.Second
 	}
+	if err := checkInfixes("group name", name, true); err != nil {
+		return nil, err
+	}
 	if errs := validation.IsValidLabelValue(name); len(errs) > 0 {
 		return nil, fmt.Errorf("kube: group name %q: %s", name, strings.Join(errs, "; "))
 	}
@@ -102,6 +124,21 @@ func newGroup(leases, renewals coordinationv1client.LeaseInterface, name string,
 		return nil, fmt.Errorf("kube: group name %q: %s", name, strings.Join(errs, "; "))
 	}
 	return g, nil
+}
+
+// checkInfixes refuses (errReservedInfix) a group name (group true)
+// or member ID s that contains an infix of the Lease names, or, for a
+// group name, ends with one cut at its last dash ("-m", "-b"). what
+// names s in the error.
+func checkInfixes(what, s string, group bool) error {
+	padded := s
+	if group {
+		padded += "-"
+	}
+	if strings.Contains(padded, memberInfix) || strings.Contains(padded, bucketInfix) {
+		return fmt.Errorf("%w: %s %q", errReservedInfix, what, s)
+	}
+	return nil
 }
 
 // memberName is the name of the member Lease of ID id.
@@ -205,7 +242,22 @@ type session struct {
 // the create was sent). If a member Lease of that ID exists, it answers
 // errDuplicateSession: the ID's previous session is alive or not yet
 // proven ended.
+//
+// After the create, it lists the group's member Leases (a quorum list),
+// and if one has a leaseDurationSeconds other than the group's D, it
+// deletes its own Lease (guarded by its UID and resourceVersion) and
+// answers errDurationMismatch naming that member: the group's D changes
+// only once every member of the old D has ended (its Lease gone). Listing
+// after the create, not before, is what refuses two begins with
+// different D racing: the later list of the two is sent after both
+// creates committed, and sees the other. A list that fails refuses the
+// session too (its Lease deleted as above). Should that delete fail as
+// well, the Lease stays until an observer proves it ended, and the ID's
+// next begin is errDuplicateSession until then.
 func (g *group) begin(ctx context.Context, id string) (*session, time.Time, error) {
+	if err := checkInfixes("member ID", id, false); err != nil {
+		return nil, time.Time{}, err
+	}
 	name := g.memberName(id)
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		return nil, time.Time{}, fmt.Errorf("kube: member ID %q: %s", id, strings.Join(errs, "; "))
@@ -228,8 +280,33 @@ func (g *group) begin(ctx context.Context, id string) (*session, time.Time, erro
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w", id, err)
 	}
+	if err := g.sameDuration(ctx, name); err != nil {
+		uid, rv := created.UID, created.ResourceVersion
+		if derr := g.renewals.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}}); derr != nil {
+			return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w (deleting its Lease: %v)", id, err, derr)
+		}
+		return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w", id, err)
+	}
 	s := &session{g: g, id: id, identity: identity, name: name, lease: created}
 	return s, sent.Add(g.duration), nil
+}
+
+// sameDuration lists the group's member Leases with a quorum list, and
+// answers errDurationMismatch, naming the first whose
+// leaseDurationSeconds is not g's D, if one is not (mine, the caller's
+// own Lease, aside). A Lease that carries none is not counted.
+func (g *group) sameDuration(ctx context.Context, mine string) error {
+	list, err := g.renewals.List(ctx, metav1.ListOptions{LabelSelector: groupLabel + "=" + g.name + "," + kindLabel + "=" + kindMember})
+	if err != nil {
+		return fmt.Errorf("listing the members of %s: %w", g.name, err)
+	}
+	for _, l := range list.Items {
+		d := l.Spec.LeaseDurationSeconds
+		if l.Name != mine && d != nil && time.Duration(*d)*time.Second != g.duration {
+			return fmt.Errorf("%w: %s has %ds, this replica %v", errDurationMismatch, l.Name, *d, g.duration)
+		}
+	}
+	return nil
 }
 
 // renew writes the member Lease again on the resourceVersion of the
@@ -243,6 +320,12 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 	if err := s.stateErrLocked(); err != nil {
 		return time.Time{}, err
 	}
+	// renew's safety depends on the UID this body carries, from the
+	// session's own create (s.lease keeps it; never clear it), as well as
+	// its resourceVersion: the server refuses an update whose UID is not
+	// the stored object's, so a Lease deleted and created again under the
+	// same name (by an administrator, or a restore) answers 409, and the
+	// session is lost rather than renewed on a Lease that is not its own.
 	next := s.lease.DeepCopy()
 	sent := time.Now()
 	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it

@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -412,4 +413,30 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 		t.Fatalf("renewal after end: %v, want errSessionEnded", err)
 	}
 	mustBegin(t, g, "dup")
+}
+
+// A group name with an infix of the Lease names ("-m-", "-b-"), or
+// ending with one cut at its last dash, and a member ID with an infix,
+// are refused, naming them, before any request: group "a-m"'s bucket 0
+// and group "a"'s member "b-0" would both be the Lease "a-m-b-0".
+func TestReservedInfixesAreRefused(t *testing.T) {
+	for _, name := range []string{"a-m", "a-b", "a-m-c", "a-b-c"} {
+		if _, err := newGroup(nil, nil, name, 4, testD); !errors.Is(err, errReservedInfix) || !strings.Contains(err.Error(), strconv.Quote(name)) {
+			t.Errorf("newGroup(%q): %v, want errReservedInfix naming it", name, err)
+		}
+	}
+	for _, ok := range []string{"a", "m-a", "b", "a-mb", "bm-a", "a-bb-c"} {
+		if _, err := newGroup(nil, nil, ok, 4, testD); err != nil {
+			t.Errorf("newGroup(%q): %v", ok, err)
+		}
+	}
+	g, err := newGroup(nil, nil, "a", 4, testD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"x-m-y", "x-b-0", "r-b-"} {
+		if _, _, err := g.begin(t.Context(), id); !errors.Is(err, errReservedInfix) || !strings.Contains(err.Error(), strconv.Quote(id)) {
+			t.Errorf("begin(%q): %v, want errReservedInfix naming it", id, err)
+		}
+	}
 }
