@@ -192,3 +192,18 @@ func TestUndecodableSetIsNotReadAgainAndAgain(t *testing.T) {
 		t.Errorf("r0 read later's undecodable set, unchanged, and warned about it %d times in 3s (every %v): the whole set is read again each half keepalive period while the member lives", got, c.opts.keepAliveEvery()/2)
 	}
 }
+
+// A serializable read at a revision the member has not applied is
+// refused with the error readPage takes for a follower behind, and reads
+// the page again linearizably: were etcd to answer otherwise, a listing
+// on a lagging follower would fail instead of going to the leader.
+func TestReadAheadOfTheMemberIsRecognized(t *testing.T) {
+	needEtcd(t)
+	cli := newClient(t, testEtcd)
+	defer cli.Close()
+	rev := etcdRevision(t, cli)
+	_, err := cli.Get(context.Background(), "/any", clientv3.WithRev(rev+1000), clientv3.WithSerializable())
+	if !isFutureRev(err) {
+		t.Errorf("a serializable read at revision %d, past the store's %d: %v, want a future-revision error", rev+1000, rev, err)
+	}
+}

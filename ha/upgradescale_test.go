@@ -14,6 +14,7 @@ import (
 var (
 	upgradeScale = flag.Int("ha.upgradescale", 0, "run TestUpgradeScaleMeasurement with this many names (issue 25: 100000)")
 	upgradeAdd   = flag.Int("ha.upgradeadd", 1000, "the names the new version of TestUpgradeScaleMeasurement adds (0: measure the same-names case alone)")
+	upgradeTTL   = flag.Duration("ha.upgradettl", 0, "the TTL of TestUpgradeScaleMeasurement's replicas (0: the tests' 2s; Margin: TTL/4)")
 )
 
 // TestUpgradeScaleMeasurement measures, for -ha.upgradescale names over
@@ -26,14 +27,18 @@ var (
 // on a replica that registers it, the join's usual moves included. Memory per
 // name: TestScaleMeasurement. A measurement run on demand, without -race:
 //
-//	go test -run TestUpgradeScaleMeasurement -ha.upgradescale=100000 -v -timeout 20m .
+//	go test -run TestUpgradeScaleMeasurement -ha.upgradescale=100000 [-ha.upgradettl=10s] -v -timeout 20m .
 func TestUpgradeScaleMeasurement(t *testing.T) {
 	n := *upgradeScale
 	if n == 0 {
 		t.Log("a measurement, not a test: run it with -ha.upgradescale=100000")
 		return
 	}
-	c := newCluster(t, n, testOptions())
+	opts := testOptions()
+	if *upgradeTTL != 0 {
+		opts.TTL, opts.Margin = *upgradeTTL, *upgradeTTL/4
+	}
+	c := newCluster(t, n, opts)
 	ids := []string{"r0", "r1", "r2"}
 	var nodes []*node
 	for _, id := range ids {
