@@ -43,8 +43,9 @@ type backend interface {
 	checkServers(ctx context.Context)
 
 	// request returns the context of one request that the store's
-	// authority must answer (a write, a linearizable read), bounded by
-	// Options.RequestTimeout and by parent. On etcd it also requires a
+	// authority must answer (a write, a linearizable read), or one the
+	// replica's listings send (a serializable page at a revision already
+	// read), bounded by Options.RequestTimeout and by parent. On etcd it also requires a
 	// leader, so that a member cut off from its peers fails it at once
 	// and the client tries another.
 	request(parent context.Context) (context.Context, context.CancelFunc)

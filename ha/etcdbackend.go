@@ -49,7 +49,10 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 }
 
 // request returns the context of one request that needs etcd's leader (a
-// write, a linearizable read, a keepalive), bounded by RequestTimeout. It
+// write, a linearizable read, a keepalive), or of a listing's page read
+// serializably (readPage: the leader is not needed there, and a member
+// without one refusing it only sends the page elsewhere), bounded by
+// RequestTimeout. It
 // carries etcd's require-leader metadata: a member that has no leader
 // (cut off from its peers, for about an election timeout after the cut)
 // answers at once with ErrNoLeader, instead of holding the request until

@@ -15,11 +15,11 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Review: a member that answers every serializable page at a known
+// A member that answers every serializable page at a known
 // revision with ErrFutureRev (a follower behind) must still give the
 // whole listing at the first page's revision, through the linearizable
 // fallback, while another client writes between the pages.
-func TestReviewLaggingFollowerFallsBack(t *testing.T) {
+func TestListingFallsBackFromALaggingMember(t *testing.T) {
 	n, prefix := listingNode(t, 1)
 	ctx := context.Background()
 	for i := range 10 {
