@@ -68,24 +68,7 @@ func TestListingHoldsOneRevisionUnderConcurrentWrites(t *testing.T) {
 		}
 	}()
 	for round := range 5 {
-		kvs, rev, err := n.r.listAll(ctx, ctx, prefix, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got, want []string
-		for _, kv := range kvs {
-			got = append(got, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
-		}
-		for _, kv := range resp.Kvs {
-			want = append(want, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
-		}
-		if !slices.Equal(got, want) {
-			t.Errorf("round %d: the paged listing at revision %d (latest %d) read\n%v\nbut one read at that revision has\n%v", round, rev, resp.Header.Revision, got, want)
-		}
+		listingIsOneRead(t, n, prefix, fmt.Sprint("round ", round))
 	}
 	close(stop)
 	wg.Wait()
@@ -205,5 +188,31 @@ func TestReadAheadOfTheMemberIsRecognized(t *testing.T) {
 	_, err := cli.Get(context.Background(), "/any", clientv3.WithRev(rev+1000), clientv3.WithSerializable())
 	if !isFutureRev(err) {
 		t.Errorf("a serializable read at revision %d, past the store's %d: %v, want a future-revision error", rev+1000, rev, err)
+	}
+}
+
+// listingIsOneRead lists prefix with n's replica (listAll), and fails the
+// test unless the listing holds exactly the keys, values and revisions
+// that one read at the listing's revision gives.
+func listingIsOneRead(t *testing.T, n *node, prefix, what string) {
+	t.Helper()
+	ctx := context.Background()
+	kvs, rev, err := n.r.listAll(ctx, ctx, prefix, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want []string
+	for _, kv := range kvs {
+		got = append(got, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
+	}
+	for _, kv := range resp.Kvs {
+		want = append(want, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: the paged listing at revision %d (latest %d) read\n%v\nbut one read at that revision has\n%v", what, rev, resp.Header.Revision, got, want)
 	}
 }

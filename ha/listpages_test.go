@@ -3,7 +3,6 @@ package ha
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,24 +49,7 @@ func TestListingFallsBackFromALaggingMember(t *testing.T) {
 	}
 	defer cli.Close()
 	n.r.cli = cli
-	kvs, rev, err := n.r.listAll(ctx, ctx, prefix, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got, want []string
-	for _, kv := range kvs {
-		got = append(got, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
-	}
-	for _, kv := range resp.Kvs {
-		want = append(want, fmt.Sprintf("%s=%s@%d", kv.Key, kv.Value, kv.ModRevision))
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("listing at %d\n%v\nwant\n%v", rev, got, want)
-	}
+	listingIsOneRead(t, n, prefix, "every page refused serializably")
 	if serial.Load() == 0 || lin.Load() != serial.Load() {
 		t.Errorf("serializable attempts %d, linearizable fallbacks %d", serial.Load(), lin.Load())
 	}
