@@ -421,6 +421,19 @@ func TestMemoryBackendFaults(t *testing.T) {
 		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err != nil {
 			t.Errorf("begin once the unknown session expired: %v", err)
 		}
+		// A request that never arrived changes nothing; an answer held
+		// back comes that much later, the renewal made when it arrived.
+		st.inject("renew", memFault{err: errors.New("unreachable")})
+		s3, _, _ := b.memberSession(ctx)
+		if _, err := b.renew(ctx, s3); err == nil || errors.Is(err, errSessionEnded) {
+			t.Errorf("a renewal that never arrived: %v, want the injected error", err)
+		}
+		st.inject("renew", memFault{delay: time.Second})
+		sent := time.Now()
+		if _, err := b.renew(ctx, s3); err != nil || time.Since(sent) != time.Second {
+			t.Errorf("a renewal held back 1s: %v after %v", err, time.Since(sent))
+		}
+		st.inject("renew", memFault{})
 		if want := []string{"r0 1 ended", "r0 2 expired"}; fmt.Sprint(st.ended) != fmt.Sprint(want) {
 			t.Errorf("sessions ended: %q, want %q", st.ended, want)
 		}

@@ -24,9 +24,7 @@ type memStore struct {
 	members  map[string]memMember    // member records, by replica ID; guarded by mu
 	claims   map[string]memClaim     // holdings, by name; guarded by mu
 	rev      int64                   // the store's revision: one more at every write; guarded by mu
-	maxOps   int                     // names one claim may carry; 0: any; guarded by mu
 	faults   map[string]memFault     // by operation ("begin", "renew", …); guarded by mu
-	calls    map[string]int          // answered calls, by operation; guarded by mu
 	ended    []string                // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
 }
 
@@ -72,7 +70,6 @@ func newMemStore() *memStore {
 		members:  map[string]memMember{},
 		claims:   map[string]memClaim{},
 		faults:   map[string]memFault{},
-		calls:    map[string]int{},
 	}
 }
 
@@ -133,7 +130,6 @@ func (s *memStore) call(ctx context.Context, op string, act func(now time.Time) 
 	now := time.Now()
 	s.reapLocked(now)
 	err := act(now)
-	s.calls[op]++
 	s.mu.Unlock()
 	if f.delay > 0 {
 		t := time.NewTimer(f.delay)
@@ -277,9 +273,6 @@ func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest stri
 func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
 	err = b.st.call(ctx, "claim", func(time.Time) error {
 		got, absent = nil, nil
-		if b.st.maxOps > 0 && len(names) > b.st.maxOps {
-			return fmt.Errorf("%w: %d names, at most %d", errTooManyOps, len(names), b.st.maxOps)
-		}
 		if err := b.st.liveLocked(id); err != nil {
 			return err
 		}
