@@ -30,6 +30,11 @@ type conformanceStore struct {
 	// on etcd, which truncates remaining TTLs to whole seconds and
 	// checks expiry every 500ms; none in memory.
 	slack time.Duration
+	// early is how long before a validity runs out a case reads that
+	// the session still lives: what the reading may take to arrive.
+	// 300ms on etcd; a nanosecond in memory, where a reading takes no
+	// time.
+	early time.Duration
 }
 
 // conformanceCases are the contract, one case each.
@@ -47,6 +52,8 @@ var conformanceCases = []struct {
 	{"ClaimOfHeldNamesReadsThem", conformClaimHeld},
 	{"ClaimsGoWithTheirSession", conformClaimsGoWithSession},
 	{"ReleaseEndsOnlyThatHolding", conformRelease},
+	{"SessionLivesWhatItWasGranted", conformValidity},
+	{"SessionsOfOneReplicaAreApart", conformSessionsApart},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -67,6 +74,7 @@ func TestBackendConformanceEtcd(t *testing.T) {
 				},
 				claimKey: func(name string) string { return keysOf(prefix).claims + name },
 				slack:    time.Second,
+				early:    300 * time.Millisecond,
 			})
 		})
 	}
@@ -81,6 +89,7 @@ func TestBackendConformanceMemory(t *testing.T) {
 				tc.test(t, conformanceStore{
 					backendFor: func(id string) backend { return st.replica(id, 2*time.Second) },
 					claimKey:   func(name string) string { return memClaimPrefix + name },
+					early:      time.Nanosecond,
 				})
 			})
 		})
@@ -200,11 +209,14 @@ func conformMoveFromPrev(t *testing.T, st conformanceStore) {
 }
 
 // A session nobody renews ends within its TTL (and the store's slack),
-// and its member record goes with it: another replica with its ID may
-// begin.
+// and its member record and holdings go with it: another replica with its
+// ID may begin, and another may claim its names.
 func conformExpiry(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s := beginR0(t, st)
+	if got, _, err := b.claim(ctx, s.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of x = %+v, %v", got, err)
+	}
 	time.Sleep(conformanceTTL + st.slack)
 	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
 		t.Errorf("renew %v after begin, unrenewed: %v, want errSessionEnded", conformanceTTL+st.slack, err)
@@ -216,7 +228,83 @@ func conformExpiry(t *testing.T, st conformanceStore) {
 	if err != nil {
 		t.Fatalf("begin after the session expired: %v", err)
 	}
-	_ = b.end(ctx, s2.id)
+	defer func() { _ = b.end(ctx, s2.id) }()
+	o, so := beginAs(t, st, "r1")
+	defer func() { _ = o.end(ctx, so.id) }()
+	if got, _, err := o.claim(ctx, so.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Errorf("claim of the expired session's x by r1 = %+v, %v; want ours", got, err)
+	}
+}
+
+// alive reports whether session id of b's replica still holds the member
+// record, without renewing it.
+func alive(t *testing.T, b backend, id sessionID) bool {
+	t.Helper()
+	under, found, err := b.memberSession(context.Background())
+	if err != nil {
+		t.Fatalf("memberSession: %v", err)
+	}
+	return found && under == id
+}
+
+// A session lives at least what begin and renew granted, counted from
+// the moment the fence counts from (begin's sent, the call of renew):
+// read just before that runs out, its member record is still there.
+func conformValidity(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s := beginR0(t, st)
+	defer func() { _ = b.end(ctx, s.id) }()
+	time.Sleep(time.Until(s.sent.Add(conformanceTTL - st.early)))
+	if !alive(t, b, s.id) {
+		t.Fatalf("the session ended before sent + TTL − %v", st.early)
+	}
+	called := time.Now()
+	valid, err := b.renew(ctx, s.id)
+	if err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	time.Sleep(time.Until(called.Add(valid - st.early)))
+	if !alive(t, b, s.id) {
+		t.Errorf("the session ended before renew's call + valid (%v) − %v", valid, st.early)
+	}
+}
+
+// Two sessions of one replica (an epoch and the next) are apart: a name
+// the earlier holds is not the later's, and ending the earlier leaves the
+// member record moved to the later and the later's holdings alone.
+func conformSessionsApart(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s1 := beginR0(t, st)
+	defer func() { _ = b.end(ctx, s1.id) }()
+	if got, _, err := b.claim(ctx, s1.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of x under s1 = %+v, %v", got, err)
+	}
+	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.end(ctx, s2.id) }()
+	got, absent, err := b.claim(ctx, s2.id, []string{"x", "y"})
+	x := claimedBy(got)["x"]
+	if err != nil || x.ok || x.view == nil || sessionID(x.view.lease) != s1.id {
+		t.Errorf("claim of x under s2 while s1 holds it = %+v (view %+v), %v; want held by s1", got, x.view, err)
+	}
+	if got, _, err := b.claim(ctx, s2.id, absent); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of y under s2 = %+v, %v", got, err)
+	}
+	if err := b.end(ctx, s1.id); err != nil {
+		t.Fatal(err)
+	}
+	if !alive(t, b, s2.id) {
+		t.Errorf("ending s1 took the member record moved to s2")
+	}
+	o, so := beginAs(t, st, "r1")
+	defer func() { _ = o.end(ctx, so.id) }()
+	got, _, err = o.claim(ctx, so.id, []string{"x", "y"})
+	y := claimedBy(got)["y"]
+	if err != nil || y.ok || y.view == nil || sessionID(y.view.lease) != s2.id {
+		t.Errorf("claim of y by r1 after s1 ended = %+v (view %+v), %v; want still s2's", got, y.view, err)
+	}
 }
 
 // A session renewed more often than its TTL outlives it several times
