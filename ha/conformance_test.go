@@ -35,6 +35,13 @@ type conformanceStore struct {
 	// 300ms on etcd; a nanosecond in memory, where a reading takes no
 	// time.
 	early time.Duration
+	// slowBegin holds the answer to the next begin back by d, the
+	// session started meanwhile: on etcd, the answer to its grant.
+	slowBegin func(d time.Duration)
+	// loseBegin loses the answer to the next begin, whose requests the
+	// store carried out: on etcd, the answer to its member record's
+	// write.
+	loseBegin func()
 }
 
 // conformanceCases are the contract, one case each.
@@ -54,17 +61,21 @@ var conformanceCases = []struct {
 	{"ReleaseEndsOnlyThatHolding", conformRelease},
 	{"SessionLivesWhatItWasGranted", conformValidity},
 	{"SessionsOfOneReplicaAreApart", conformSessionsApart},
+	{"BeginWhoseAnswerIsLostLeavesNoSession", conformLostBegin},
 }
 
 // Each case against etcd, every case in a group of its own.
 func TestBackendConformanceEtcd(t *testing.T) {
 	needEtcd(t)
-	cli := newClient(t, testEtcd)
-	t.Cleanup(func() { cli.Close() }) // after the parallel subtests, unlike a defer
 	for _, tc := range conformanceCases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each in a group of its own; the waits overlap
 			prefix := fmt.Sprintf("/test/conformance/%s/%d", tc.name, time.Now().UnixNano())
+			// A client of its own, whose faults are the case's.
+			cli := newClient(t, testEtcd)
+			defer cli.Close()
+			lease, kv := &slowLease{Lease: cli.Lease}, &losingKV{KV: cli.KV}
+			cli.Lease, cli.KV = lease, kv
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			tc.test(t, conformanceStore{
@@ -72,9 +83,11 @@ func TestBackendConformanceEtcd(t *testing.T) {
 					opts := Options{ID: id, RequestTimeout: 2 * time.Second}
 					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
 				},
-				claimKey: func(name string) string { return keysOf(prefix).claims + name },
-				slack:    time.Second,
-				early:    300 * time.Millisecond,
+				claimKey:  func(name string) string { return keysOf(prefix).claims + name },
+				slack:     time.Second,
+				early:     300 * time.Millisecond,
+				slowBegin: func(d time.Duration) { lease.hold.Store(int64(d)) },
+				loseBegin: func() { kv.lose.Store(true) },
 			})
 		})
 	}
@@ -90,6 +103,8 @@ func TestBackendConformanceMemory(t *testing.T) {
 					backendFor: func(id string) backend { return st.replica(id, 2*time.Second) },
 					claimKey:   func(name string) string { return memClaimPrefix + name },
 					early:      time.Nanosecond,
+					slowBegin:  func(d time.Duration) { st.inject("begin", memFault{delay: d, once: true}) },
+					loseBegin:  func() { st.inject("begin", memFault{lost: true, once: true}) },
 				})
 			})
 		})
@@ -252,6 +267,9 @@ func alive(t *testing.T, b backend, id sessionID) bool {
 // read just before that runs out, its member record is still there.
 func conformValidity(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
+	// Its answer held back well past what early allows, so that a sent
+	// taken after the session started shows.
+	st.slowBegin(1200 * time.Millisecond)
 	b, s := beginR0(t, st)
 	defer func() { _ = b.end(ctx, s.id) }()
 	time.Sleep(time.Until(s.sent.Add(conformanceTTL - st.early)))
@@ -267,6 +285,27 @@ func conformValidity(t *testing.T, st conformanceStore) {
 	if !alive(t, b, s.id) {
 		t.Errorf("the session ended before renew's call + valid (%v) − %v", valid, st.early)
 	}
+}
+
+// A begin that fails leaves no session, even when the store carried out
+// its requests and only the answer was lost: nothing refuses the next
+// begin of the replica's ID.
+func conformLostBegin(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b := st.backendFor("r0")
+	st.loseBegin()
+	if s, err := b.begin(ctx, 0, conformanceTTL, "digest"); err == nil {
+		_ = b.end(ctx, s.id)
+		t.Fatal("a begin whose answer was lost returned no error")
+	}
+	if under, found, err := b.memberSession(ctx); err != nil || found {
+		t.Errorf("after a failed begin the member record is under %d (found %v, %v), want none", under, found, err)
+	}
+	s, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin after a failed one: %v", err)
+	}
+	_ = b.end(ctx, s.id)
 }
 
 // Two sessions of one replica (an epoch and the next) are apart: a name
@@ -472,10 +511,10 @@ func conformRelease(t *testing.T, st conformanceStore) {
 
 // What only the in-memory backend can show, being able to lose an
 // answer: a renewal whose answer was lost still renewed, so the caller
-// may go on with the session; a begin whose answer was lost leaves a
-// session the caller does not know, whose record refuses the next begin
-// until it expires (which is why the etcd backend ends what it began
-// when its write fails).
+// may go on with the session; a begin whose answer was lost, and whose
+// end of the session it started did not arrive either (begin ends it
+// best effort), leaves a session the caller does not know, whose record
+// refuses the next begin until it expires.
 func TestMemoryBackendFaults(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
@@ -497,11 +536,11 @@ func TestMemoryBackendFaults(t *testing.T) {
 		}
 		_ = b.end(ctx, s.id)
 
-		st.inject("begin", memFault{lost: true})
+		st.inject("begin", memFault{lost: true, once: true})
+		st.inject("end", memFault{err: errors.New("unreachable"), once: true})
 		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err == nil {
 			t.Fatal("a begin whose answer was lost returned no error")
 		}
-		st.inject("begin", memFault{})
 		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); !errors.Is(err, ErrDuplicateID) {
 			t.Errorf("begin after a lost one: %v, want ErrDuplicateID while the unknown session lives", err)
 		}
