@@ -365,7 +365,7 @@ func conformRenewalKeeps(t *testing.T, st conformanceStore) {
 
 // putMember rewrites the record only while it is under the session
 // named; ensureMember leaves a record that is there as it is and says
-// whose it is.
+// whose it is, and writes none under a session that ended.
 func conformMemberRecord(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s1 := beginR0(t, st)
@@ -391,6 +391,14 @@ func conformMemberRecord(t *testing.T, st conformanceStore) {
 	// no error. A store may also say errSessionEnded.
 	if ok, err := b.putMember(ctx, s2.id, "digest", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
 		t.Errorf("putMember under an ended session = %v, %v; want not written", ok, err)
+	}
+	// A record written under an ended session would outlive it, and
+	// refuse every later begin of the ID.
+	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); !errors.Is(err, errSessionEnded) {
+		t.Errorf("ensureMember under an ended session = %d, %v, %v; want errSessionEnded", under, found, err)
+	}
+	if under, found, err := b.memberSession(ctx); err != nil || found {
+		t.Errorf("after ensureMember under an ended session the record is under %d (found %v, %v), want none", under, found, err)
 	}
 }
 
