@@ -467,7 +467,8 @@ func conformClaimHeld(t *testing.T, st conformanceStore) {
 }
 
 // A session's holdings end with it, so another may claim them; a session
-// that ended claims nothing, and leaves the names free.
+// that ended claims nothing, finds nothing its own, and leaves the names
+// free.
 func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
@@ -479,6 +480,11 @@ func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 	}
 	if _, _, err := a.claim(ctx, sa.id, []string{"y"}); !errors.Is(err, errSessionEnded) {
 		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
+	}
+	// Nor is the name it held found its own: its holder would run it
+	// with no holding to keep the others off.
+	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err == nil && (len(got) != 1 || got[0].ok) {
+		t.Errorf("claim of its x by the ended session = %+v; want errSessionEnded, or x not ours", got)
 	}
 	b, sb := beginAs(t, st, "r1")
 	defer func() { _ = b.end(ctx, sb.id) }()
