@@ -495,7 +495,8 @@ func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 }
 
 // release ends the holding it names and no other: released again after
-// another session claimed the name, it leaves that holding alone.
+// the same session or another claimed the name anew, it leaves that
+// holding alone.
 func conformRelease(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
@@ -506,6 +507,22 @@ func conformRelease(t *testing.T, st conformanceStore) {
 	}
 	old := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
 	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	// Held anew by the same session: the old holding's release, sent
+	// again (a retry, or a request that arrives late), leaves it alone.
+	got, _, err = a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
+		t.Fatalf("claim of released x by r0 again = %+v, %v; want ours at a later revision than %d", got, err, old.Revision)
+	}
+	anew := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
+	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release of a holding that ended: %v", err)
+	}
+	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok || got[0].rev != anew.Revision {
+		t.Errorf("after r0 released its old holding again, x = %+v, %v; want still its new holding, at %d", got, err, anew.Revision)
+	}
+	if err := a.release(ctx, anew); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	b, sb := beginAs(t, st, "r1")
