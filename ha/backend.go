@@ -89,8 +89,10 @@ type backend interface {
 	// record is under: id when it wrote it or found it under id (left as
 	// it is), or another's, which may be 0 on a store that keeps records
 	// outside any session (etcd: a key put without a lease); found is
-	// false when it saw no record. errSessionEnded: id has ended. Bounded
-	// by ctx alone.
+	// false when it saw no record. errSessionEnded: id has ended and
+	// there is no record; when there is one, etcd answers its session
+	// without looking at id, and a store may say errSessionEnded instead.
+	// Bounded by ctx alone.
 	ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error)
 
 	// claim makes session id the holder of every one of names, all in

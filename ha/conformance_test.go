@@ -385,7 +385,14 @@ func conformMemberRecord(t *testing.T, st conformanceStore) {
 	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); err != nil || !found || under != s2.id {
 		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.id)
 	}
-	_ = b.end(ctx, s1.id)
+	if err := b.end(ctx, s1.id); err != nil {
+		t.Fatal(err)
+	}
+	// etcd reads the record without looking at the session; a store
+	// may also say errSessionEnded.
+	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); !errors.Is(err, errSessionEnded) && (err != nil || !found || under != s2.id) {
+		t.Errorf("ensureMember under the ended s1 = %d, %v, %v; want the record under %d, or errSessionEnded", under, found, err, s2.id)
+	}
 	_ = b.end(ctx, s2.id)
 	// etcd's compare fails before the put names the lease: not written,
 	// no error. A store may also say errSessionEnded.
