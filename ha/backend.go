@@ -89,8 +89,10 @@ type backend interface {
 	// record is under: id when it wrote it or found it under id (left as
 	// it is), or another's, which may be 0 on a store that keeps records
 	// outside any session (etcd: a key put without a lease); found is
-	// false when it saw no record. errSessionEnded: id has ended. Bounded
-	// by ctx alone.
+	// false when it saw no record. errSessionEnded: id has ended and
+	// there is no record; when there is one, etcd answers its session
+	// without looking at id, and a store may say errSessionEnded instead.
+	// Bounded by ctx alone.
 	ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error)
 
 	// claim makes session id the holder of every one of names, all in
@@ -98,10 +100,12 @@ type backend interface {
 	// it reads them all instead. It returns the outcome of every name
 	// held once it answers, by id (created now, or found so: an earlier
 	// answer lost to a timeout) or by another session, and the names that
-	// were free while others were not, to claim again. No holding is ever made under a session that
-	// has ended. A request the store refuses as too many names fails
-	// with errTooManyOps, one too large with errTooLarge (wrapped): the
-	// caller halves the batch. ctx bounds it; the caller makes it with
+	// were free while others were not, to claim again. No holding is ever
+	// made, or found id's, under a session that has ended: a store that
+	// keeps an ended session's holdings until someone takes them over
+	// answers errSessionEnded, or treats them as free. A request the
+	// store refuses as too many names fails with errTooManyOps, one too
+	// large with errTooLarge (wrapped): the caller halves the batch. ctx bounds it; the caller makes it with
 	// request.
 	claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error)
 

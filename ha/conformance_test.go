@@ -30,6 +30,18 @@ type conformanceStore struct {
 	// on etcd, which truncates remaining TTLs to whole seconds and
 	// checks expiry every 500ms; none in memory.
 	slack time.Duration
+	// early is how long before a validity runs out a case reads that
+	// the session still lives: what the reading may take to arrive.
+	// 300ms on etcd; a nanosecond in memory, where a reading takes no
+	// time.
+	early time.Duration
+	// slowBegin holds the answer to the next begin back by d, the
+	// session started meanwhile: on etcd, the answer to its grant.
+	slowBegin func(d time.Duration)
+	// loseBegin loses the answer to the next begin, whose requests the
+	// store carried out: on etcd, the answer to its member record's
+	// write.
+	loseBegin func()
 }
 
 // conformanceCases are the contract, one case each.
@@ -47,17 +59,23 @@ var conformanceCases = []struct {
 	{"ClaimOfHeldNamesReadsThem", conformClaimHeld},
 	{"ClaimsGoWithTheirSession", conformClaimsGoWithSession},
 	{"ReleaseEndsOnlyThatHolding", conformRelease},
+	{"SessionLivesWhatItWasGranted", conformValidity},
+	{"SessionsOfOneReplicaAreApart", conformSessionsApart},
+	{"BeginWhoseAnswerIsLostLeavesNoSession", conformLostBegin},
 }
 
 // Each case against etcd, every case in a group of its own.
 func TestBackendConformanceEtcd(t *testing.T) {
 	needEtcd(t)
-	cli := newClient(t, testEtcd)
-	t.Cleanup(func() { cli.Close() }) // after the parallel subtests, unlike a defer
 	for _, tc := range conformanceCases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each in a group of its own; the waits overlap
 			prefix := fmt.Sprintf("/test/conformance/%s/%d", tc.name, time.Now().UnixNano())
+			// A client of its own, whose faults are the case's.
+			cli := newClient(t, testEtcd)
+			defer cli.Close()
+			lease, kv := &slowLease{Lease: cli.Lease}, &losingKV{KV: cli.KV}
+			cli.Lease, cli.KV = lease, kv
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			tc.test(t, conformanceStore{
@@ -65,8 +83,11 @@ func TestBackendConformanceEtcd(t *testing.T) {
 					opts := Options{ID: id, RequestTimeout: 2 * time.Second}
 					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
 				},
-				claimKey: func(name string) string { return keysOf(prefix).claims + name },
-				slack:    time.Second,
+				claimKey:  func(name string) string { return keysOf(prefix).claims + name },
+				slack:     time.Second,
+				early:     300 * time.Millisecond,
+				slowBegin: func(d time.Duration) { lease.hold.Store(int64(d)) },
+				loseBegin: func() { kv.lose.Store(true) },
 			})
 		})
 	}
@@ -81,6 +102,9 @@ func TestBackendConformanceMemory(t *testing.T) {
 				tc.test(t, conformanceStore{
 					backendFor: func(id string) backend { return st.replica(id, 2*time.Second) },
 					claimKey:   func(name string) string { return memClaimPrefix + name },
+					early:      time.Nanosecond,
+					slowBegin:  func(d time.Duration) { st.inject("begin", memFault{delay: d, once: true}) },
+					loseBegin:  func() { st.inject("begin", memFault{lost: true, once: true}) },
 				})
 			})
 		})
@@ -200,11 +224,14 @@ func conformMoveFromPrev(t *testing.T, st conformanceStore) {
 }
 
 // A session nobody renews ends within its TTL (and the store's slack),
-// and its member record goes with it: another replica with its ID may
-// begin.
+// and its member record and holdings go with it: another replica with its
+// ID may begin, and another may claim its names.
 func conformExpiry(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s := beginR0(t, st)
+	if got, _, err := b.claim(ctx, s.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of x = %+v, %v", got, err)
+	}
 	time.Sleep(conformanceTTL + st.slack)
 	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
 		t.Errorf("renew %v after begin, unrenewed: %v, want errSessionEnded", conformanceTTL+st.slack, err)
@@ -216,7 +243,107 @@ func conformExpiry(t *testing.T, st conformanceStore) {
 	if err != nil {
 		t.Fatalf("begin after the session expired: %v", err)
 	}
-	_ = b.end(ctx, s2.id)
+	defer func() { _ = b.end(ctx, s2.id) }()
+	o, so := beginAs(t, st, "r1")
+	defer func() { _ = o.end(ctx, so.id) }()
+	if got, _, err := o.claim(ctx, so.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Errorf("claim of the expired session's x by r1 = %+v, %v; want ours", got, err)
+	}
+}
+
+// alive reports whether session id of b's replica still holds the member
+// record, without renewing it.
+func alive(t *testing.T, b backend, id sessionID) bool {
+	t.Helper()
+	under, found, err := b.memberSession(context.Background())
+	if err != nil {
+		t.Fatalf("memberSession: %v", err)
+	}
+	return found && under == id
+}
+
+// A session lives at least what begin and renew granted, counted from
+// the moment the fence counts from (begin's sent, the call of renew):
+// read just before that runs out, its member record is still there.
+func conformValidity(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	// Its answer held back well past what early allows, so that a sent
+	// taken after the session started shows.
+	st.slowBegin(1200 * time.Millisecond)
+	b, s := beginR0(t, st)
+	defer func() { _ = b.end(ctx, s.id) }()
+	time.Sleep(time.Until(s.sent.Add(conformanceTTL - st.early)))
+	if !alive(t, b, s.id) {
+		t.Fatalf("the session ended before sent + TTL − %v", st.early)
+	}
+	called := time.Now()
+	valid, err := b.renew(ctx, s.id)
+	if err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	time.Sleep(time.Until(called.Add(valid - st.early)))
+	if !alive(t, b, s.id) {
+		t.Errorf("the session ended before renew's call + valid (%v) − %v", valid, st.early)
+	}
+}
+
+// A begin that fails leaves no session, even when the store carried out
+// its requests and only the answer was lost: nothing refuses the next
+// begin of the replica's ID.
+func conformLostBegin(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b := st.backendFor("r0")
+	st.loseBegin()
+	if s, err := b.begin(ctx, 0, conformanceTTL, "digest"); err == nil {
+		_ = b.end(ctx, s.id)
+		t.Fatal("a begin whose answer was lost returned no error")
+	}
+	if under, found, err := b.memberSession(ctx); err != nil || found {
+		t.Errorf("after a failed begin the member record is under %d (found %v, %v), want none", under, found, err)
+	}
+	s, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatalf("begin after a failed one: %v", err)
+	}
+	_ = b.end(ctx, s.id)
+}
+
+// Two sessions of one replica (an epoch and the next) are apart: a name
+// the earlier holds is not the later's, and ending the earlier leaves the
+// member record moved to the later and the later's holdings alone.
+func conformSessionsApart(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	b, s1 := beginR0(t, st)
+	defer func() { _ = b.end(ctx, s1.id) }()
+	if got, _, err := b.claim(ctx, s1.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of x under s1 = %+v, %v", got, err)
+	}
+	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.end(ctx, s2.id) }()
+	got, absent, err := b.claim(ctx, s2.id, []string{"x", "y"})
+	x := claimedBy(got)["x"]
+	if err != nil || x.ok || x.view == nil || sessionID(x.view.lease) != s1.id {
+		t.Errorf("claim of x under s2 while s1 holds it = %+v (view %+v), %v; want held by s1", got, x.view, err)
+	}
+	if got, _, err := b.claim(ctx, s2.id, absent); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of y under s2 = %+v, %v", got, err)
+	}
+	if err := b.end(ctx, s1.id); err != nil {
+		t.Fatal(err)
+	}
+	if !alive(t, b, s2.id) {
+		t.Errorf("ending s1 took the member record moved to s2")
+	}
+	o, so := beginAs(t, st, "r1")
+	defer func() { _ = o.end(ctx, so.id) }()
+	got, _, err = o.claim(ctx, so.id, []string{"x", "y"})
+	y := claimedBy(got)["y"]
+	if err != nil || y.ok || y.view == nil || sessionID(y.view.lease) != s2.id {
+		t.Errorf("claim of y by r1 after s1 ended = %+v (view %+v), %v; want still s2's", got, y.view, err)
+	}
 }
 
 // A session renewed more often than its TTL outlives it several times
@@ -238,7 +365,7 @@ func conformRenewalKeeps(t *testing.T, st conformanceStore) {
 
 // putMember rewrites the record only while it is under the session
 // named; ensureMember leaves a record that is there as it is and says
-// whose it is.
+// whose it is, and writes none under a session that ended.
 func conformMemberRecord(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s1 := beginR0(t, st)
@@ -258,12 +385,27 @@ func conformMemberRecord(t *testing.T, st conformanceStore) {
 	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); err != nil || !found || under != s2.id {
 		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.id)
 	}
-	_ = b.end(ctx, s1.id)
+	if err := b.end(ctx, s1.id); err != nil {
+		t.Fatal(err)
+	}
+	// etcd reads the record without looking at the session; a store
+	// may also say errSessionEnded.
+	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); !errors.Is(err, errSessionEnded) && (err != nil || !found || under != s2.id) {
+		t.Errorf("ensureMember under the ended s1 = %d, %v, %v; want the record under %d, or errSessionEnded", under, found, err, s2.id)
+	}
 	_ = b.end(ctx, s2.id)
 	// etcd's compare fails before the put names the lease: not written,
 	// no error. A store may also say errSessionEnded.
 	if ok, err := b.putMember(ctx, s2.id, "digest", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
 		t.Errorf("putMember under an ended session = %v, %v; want not written", ok, err)
+	}
+	// A record written under an ended session would outlive it, and
+	// refuse every later begin of the ID.
+	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); !errors.Is(err, errSessionEnded) {
+		t.Errorf("ensureMember under an ended session = %d, %v, %v; want errSessionEnded", under, found, err)
+	}
+	if under, found, err := b.memberSession(ctx); err != nil || found {
+		t.Errorf("after ensureMember under an ended session the record is under %d (found %v, %v), want none", under, found, err)
 	}
 }
 
@@ -332,7 +474,8 @@ func conformClaimHeld(t *testing.T, st conformanceStore) {
 }
 
 // A session's holdings end with it, so another may claim them; a session
-// that ended claims nothing, and leaves the names free.
+// that ended claims nothing, finds nothing its own, and leaves the names
+// free.
 func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
@@ -345,6 +488,11 @@ func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 	if _, _, err := a.claim(ctx, sa.id, []string{"y"}); !errors.Is(err, errSessionEnded) {
 		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
 	}
+	// Nor is the name it held found its own: its holder would run it
+	// with no holding to keep the others off.
+	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err == nil && (len(got) != 1 || got[0].ok) {
+		t.Errorf("claim of its x by the ended session = %+v; want errSessionEnded, or x not ours", got)
+	}
 	b, sb := beginAs(t, st, "r1")
 	defer func() { _ = b.end(ctx, sb.id) }()
 	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
@@ -354,7 +502,8 @@ func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 }
 
 // release ends the holding it names and no other: released again after
-// another session claimed the name, it leaves that holding alone.
+// the same session or another claimed the name anew, it leaves that
+// holding alone.
 func conformRelease(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
@@ -365,6 +514,22 @@ func conformRelease(t *testing.T, st conformanceStore) {
 	}
 	old := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
 	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	// Held anew by the same session: the old holding's release, sent
+	// again (a retry, or a request that arrives late), leaves it alone.
+	got, _, err = a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
+		t.Fatalf("claim of released x by r0 again = %+v, %v; want ours at a later revision than %d", got, err, old.Revision)
+	}
+	anew := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
+	if err := a.release(ctx, old); err != nil {
+		t.Fatalf("release of a holding that ended: %v", err)
+	}
+	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok || got[0].rev != anew.Revision {
+		t.Errorf("after r0 released its old holding again, x = %+v, %v; want still its new holding, at %d", got, err, anew.Revision)
+	}
+	if err := a.release(ctx, anew); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	b, sb := beginAs(t, st, "r1")
@@ -384,10 +549,10 @@ func conformRelease(t *testing.T, st conformanceStore) {
 
 // What only the in-memory backend can show, being able to lose an
 // answer: a renewal whose answer was lost still renewed, so the caller
-// may go on with the session; a begin whose answer was lost leaves a
-// session the caller does not know, whose record refuses the next begin
-// until it expires (which is why the etcd backend ends what it began
-// when its write fails).
+// may go on with the session; a begin whose answer was lost, and whose
+// end of the session it started did not arrive either (begin ends it
+// best effort), leaves a session the caller does not know, whose record
+// refuses the next begin until it expires.
 func TestMemoryBackendFaults(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
@@ -409,11 +574,11 @@ func TestMemoryBackendFaults(t *testing.T) {
 		}
 		_ = b.end(ctx, s.id)
 
-		st.inject("begin", memFault{lost: true})
+		st.inject("begin", memFault{lost: true, once: true})
+		st.inject("end", memFault{err: errors.New("unreachable"), once: true})
 		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err == nil {
 			t.Fatal("a begin whose answer was lost returned no error")
 		}
-		st.inject("begin", memFault{})
 		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); !errors.Is(err, ErrDuplicateID) {
 			t.Errorf("begin after a lost one: %v, want ErrDuplicateID while the unknown session lives", err)
 		}

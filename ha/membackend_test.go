@@ -62,6 +62,8 @@ type memFault struct {
 	lost bool
 	// delay holds the answer back this long after the store acted.
 	delay time.Duration
+	// once removes the fault after the next call it meets.
+	once bool
 }
 
 func newMemStore() *memStore {
@@ -123,6 +125,9 @@ func (s *memStore) call(ctx context.Context, op string, act func(now time.Time) 
 	}
 	s.mu.Lock()
 	f := s.faults[op]
+	if f.once {
+		delete(s.faults, op)
+	}
 	if f.err != nil {
 		s.mu.Unlock()
 		return f.err
@@ -163,7 +168,9 @@ func (b *memBackend) request(parent context.Context) (context.Context, context.C
 
 // begin starts a session and writes the member record as etcd's does:
 // created if absent, moved from prev while it is under prev, and any
-// other session's record refused.
+// other session's record refused. On an error after the store started
+// the session (an answer lost or held back past ctx) it ends it, best
+// effort, as etcd's ends the lease whose member write failed.
 func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (session, error) {
 	sent := time.Now()
 	var s session
@@ -178,6 +185,12 @@ func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duratio
 		b.st.members[b.id] = memMember{session: s.id, digest: digest}
 		return nil
 	})
+	if err != nil && s.id != 0 {
+		ectx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		defer cancel()
+		_ = b.end(ectx, s.id)
+		return session{}, err
+	}
 	return s, err
 }
 
