@@ -257,9 +257,10 @@ type session struct {
 // proven ended.
 //
 // After the create, it lists the group's member Leases (a quorum list),
-// and if one has a leaseDurationSeconds other than the group's D, it
-// deletes its own Lease (guarded by its UID and resourceVersion) and
-// answers errDurationMismatch naming that member: the group's D changes
+// and if one has a leaseDurationSeconds other than the group's D, or a
+// bucket count other than the group's (errBucketCount), it deletes its
+// own Lease (guarded by its UID and resourceVersion) and answers
+// errDurationMismatch naming that member: the group's D changes
 // only once every member of the old D has ended (its Lease gone). Listing
 // after the create, not before, is what refuses two begins with
 // different D racing: the later list of the two is sent after both
