@@ -13,6 +13,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -28,6 +29,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
+	"k8s.io/client-go/rest"
 )
 
 // sessionID names one session; 0 names none. Here it is a hash of the
@@ -128,7 +130,7 @@ type kubeBackend struct {
 	o              *observer
 	id             string
 	log            *slog.Logger
-	server         func() (*version.Info, error) // asks the API server its release; nil: not asked
+	server         func(ctx context.Context) (*version.Info, error) // asks the API server its release (serverVersion); nil: not asked
 	requestTimeout time.Duration
 
 	warned atomic.Bool // checkServers has logged a server too old
@@ -142,8 +144,9 @@ type kubeBackend struct {
 
 // newKubeBackend returns the backend of member id in g, its observer
 // fresh; server, if not nil, answers the API server's release
+// (serverVersion)
 // (checkServers), and requestTimeout bounds each request of request.
-func newKubeBackend(g *group, id string, log *slog.Logger, server func() (*version.Info, error), requestTimeout time.Duration) *kubeBackend {
+func newKubeBackend(g *group, id string, log *slog.Logger, server func(ctx context.Context) (*version.Info, error), requestTimeout time.Duration) *kubeBackend {
 	return &kubeBackend{
 		g: g, o: newObserver(g), id: id, log: log, server: server, requestTimeout: requestTimeout,
 		sessions: map[sessionID]*session{},
@@ -157,25 +160,16 @@ func newKubeBackend(g *group, id string, log *slog.Logger, server func() (*versi
 // on: resourceVersions compare as integers from 1.35 on (claim positions).
 const minServerMinor = 35
 
-// checkServers asks the API server its release and logs at Warn, once,
-// if it is older than 1.35.
+// checkServers asks the API server its release, within the request
+// timeout and ctx, and logs at Warn, once, if it is older than 1.35. A
+// server it cannot ask is logged at Debug.
 func (b *kubeBackend) checkServers(ctx context.Context) {
 	if b.server == nil {
 		return
 	}
-	done := make(chan struct{})
-	var info *version.Info
-	var err error
-	go func() { // joined below, or left to finish by itself after ctx: the discovery call carries the client's own timeout
-		defer close(done)
-		info, err = b.server()
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		b.log.Debug("kube: asking the API server its release: " + ctx.Err().Error())
-		return
-	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
+	info, err := b.server(ctx)
 	if err != nil {
 		b.log.Debug("kube: asking the API server its release: " + err.Error())
 		return
@@ -183,6 +177,23 @@ func (b *kubeBackend) checkServers(ctx context.Context) {
 	minor, _ := strconv.Atoi(strings.TrimRight(info.Minor, "+"))
 	if info.Major == "1" && minor < minServerMinor && !b.warned.Swap(true) {
 		b.log.Warn(fmt.Sprintf("kube: the API server runs %s; the backend needs 1.%d or later, whose resourceVersions compare as integers", info.GitVersion, minServerMinor))
+	}
+}
+
+// serverVersion returns the server of newKubeBackend for the API server
+// rc reaches: a GET of /version, which every authenticated user may make
+// (Kubernetes' default system:public-info-viewer role), bounded by ctx.
+func serverVersion(rc rest.Interface) func(ctx context.Context) (*version.Info, error) {
+	return func(ctx context.Context) (*version.Info, error) {
+		raw, err := rc.Get().AbsPath("/version").Do(ctx).Raw()
+		if err != nil {
+			return nil, err
+		}
+		var info version.Info
+		if err := json.Unmarshal(raw, &info); err != nil {
+			return nil, fmt.Errorf("kube: the API server's /version: %w", err)
+		}
+		return &info, nil
 	}
 }
 

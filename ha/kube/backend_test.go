@@ -20,7 +20,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
-	"k8s.io/client-go/discovery"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 )
 
 // kubeStore is one fresh group on the API server: backendFor returns the
@@ -429,19 +429,19 @@ func TestCheckServersWarnsOnceOfAServerTooOld(t *testing.T) {
 	c := needCluster(t)
 	applyManifest(t, c)
 	cfg := replicaConfig(c, nil)
-	disc, err := discovery.NewDiscoveryClientForConfigAndClient(cfg, replicaHTTP(t, c, cfg))
+	cl, err := coordinationv1client.NewForConfigAndClient(cfg, replicaHTTP(t, c, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs recordedLogs
 	g := newTestGroup(t, c, 4, nil)
-	b := newKubeBackend(g, "r0", slog.New(&logs), disc.ServerVersion, 5*time.Second)
+	b := newKubeBackend(g, "r0", slog.New(&logs), serverVersion(cl.RESTClient()), 5*time.Second)
 	b.checkServers(t.Context())
 	if n := logs.count(slog.LevelDebug); n != 0 || logs.count(slog.LevelWarn) != 0 {
 		t.Errorf("checkServers against %s logged %d debug, %d warn lines: %q", c.release, n, logs.count(slog.LevelWarn), logs.lines())
 	}
 	old := &version.Info{Major: "1", Minor: "34", GitVersion: "v1.34.2"}
-	b = newKubeBackend(g, "r0", slog.New(&logs), func() (*version.Info, error) { return old, nil }, 5*time.Second)
+	b = newKubeBackend(g, "r0", slog.New(&logs), func(context.Context) (*version.Info, error) { return old, nil }, 5*time.Second)
 	b.checkServers(t.Context())
 	b.checkServers(t.Context())
 	if n := logs.count(slog.LevelWarn); n != 1 || !strings.Contains(logs.lines(), "v1.34.2") {
