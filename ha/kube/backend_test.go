@@ -455,15 +455,23 @@ type recordedLogs struct {
 	recs []slog.Record
 }
 
+// Enabled keeps every level.
 func (r *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+
+// Handle keeps rec.
 func (r *recordedLogs) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.recs = append(r.recs, rec)
 	return nil
 }
+
+// WithAttrs and WithGroup keep the records in r, attributes and groups
+// left out.
 func (r *recordedLogs) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *recordedLogs) WithGroup(string) slog.Handler      { return r }
+
+// WithGroup: see WithAttrs.
+func (r *recordedLogs) WithGroup(string) slog.Handler { return r }
 
 // count returns how many records of level l were kept.
 func (r *recordedLogs) count(l slog.Level) int {
@@ -528,14 +536,16 @@ func TestBackendBeginReplacesOnlyAProvenEndedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	for end := time.Now().Add(testD * 3 / 2); time.Now().Before(end); {
-		if _, err := old.renew(t.Context(), s.id); err != nil {
-			t.Fatalf("renew: %v", err)
-		}
 		if _, err := restarted.begin(t.Context(), 0, testD, "digest"); !errors.Is(err, errDuplicateSession) {
 			t.Fatalf("begin while the session of r0 is renewed: %v, want errDuplicateSession", err)
 		}
+		if _, err := old.renew(t.Context(), s.id); err != nil {
+			t.Fatalf("renew: %v", err)
+		}
 		time.Sleep(testD / 4)
 	}
+	// The last renewal's version is new to restarted's observer: this
+	// begin stamps it, before it returns.
 	if _, err := restarted.begin(t.Context(), 0, testD, "digest"); !errors.Is(err, errDuplicateSession) {
 		t.Fatalf("begin just after the last renewal: %v, want errDuplicateSession", err)
 	}

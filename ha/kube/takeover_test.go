@@ -25,6 +25,7 @@ type bucketReads struct {
 	n      *atomic.Int64
 }
 
+// RoundTrip counts req if it reads a bucket, and sends it.
 func (r bucketReads) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method == http.MethodGet && strings.Contains(req.URL.Path, r.prefix) {
 		r.n.Add(1)
