@@ -15,6 +15,8 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 )
@@ -70,6 +72,16 @@ type claimChange struct {
 	claim   []string          // names for this writer to hold
 	release []string          // names this writer holds, to free
 	give    map[string]string // names to hold by another session: name → session
+	// drop frees names whose entry still has the given token, whoever
+	// holds them: name → token. A token names one holding of a name (it
+	// grows from one holder of the name to the next), so a holding that
+	// ended by its replica's own release, under a session live or not,
+	// is freed, and a later one is left alone.
+	drop map[string]int64
+	// dropAt is drop by position (position): name → the position of the
+	// holding to free. group.change resolves it into drop on the version
+	// it writes on; position 0 (unknown) frees nothing.
+	dropAt map[string]int64
 }
 
 // apply changes c as ch asks, for the writer of session me, and reports
@@ -89,7 +101,10 @@ type claimChange struct {
 // away, or its holder's session is proven ended; and the server's
 // resourceVersion check makes the read and the write one step.
 //
-// The claims are applied first, then the releases, then the gives, and
+// A drop frees the name if its entry has the token named, whoever holds
+// it, and is applied with the releases.
+//
+// The claims are applied first, then the releases and drops, then the gives, and
 // got is computed from the claims as they end: a name of ch.claim is got
 // only if c names me as its holder after the whole change. A change that
 // claims a name and also releases or gives it (the caller's mistake, or
@@ -117,6 +132,12 @@ func (c bucketClaims) apply(me string, ch claimChange, ended func(session string
 			changed = true
 		}
 	}
+	for name, token := range ch.drop {
+		if h, held := c[name]; held && h.token == token {
+			delete(c, name)
+			changed = true
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(ch.give)) {
 		s := ch.give[name]
 		if h, ok := takeable(name); ok && h.session != s {
@@ -137,6 +158,20 @@ func (c bucketClaims) apply(me string, ch claimChange, ended func(session string
 // string as a uvarint length and its bytes (a name may hold any byte),
 // deflated and in base64. The same claims always give the same value.
 func encodeClaims(c bucketClaims) (string, error) {
+	raw := rawClaims(c)
+	var z bytes.Buffer
+	w, _ := flate.NewWriter(&z, flate.BestCompression) // the level is valid
+	_, _ = w.Write(raw)                                // a bytes.Buffer does not fail
+	_ = w.Close()
+	out := base64.StdEncoding.EncodeToString(z.Bytes())
+	if len(out) > maxClaimsBytes {
+		return "", fmt.Errorf("%w: %d names take %d bytes, more than %d", errClaimsTooLarge, len(c), len(out), maxClaimsBytes)
+	}
+	return out, nil
+}
+
+// rawClaims returns c as encodeClaims lays it out, before compression.
+func rawClaims(c bucketClaims) []byte {
 	names := slices.Sorted(maps.Keys(c))
 	index := map[string]uint64{}
 	var sessions []string
@@ -157,15 +192,7 @@ func encodeClaims(c bucketClaims) (string, error) {
 		raw = binary.AppendUvarint(raw, index[c[name].session])
 		raw = binary.AppendUvarint(raw, uint64(c[name].token))
 	}
-	var z bytes.Buffer
-	w, _ := flate.NewWriter(&z, flate.BestCompression) // the level is valid
-	_, _ = w.Write(raw)                                // a bytes.Buffer does not fail
-	_ = w.Close()
-	out := base64.StdEncoding.EncodeToString(z.Bytes())
-	if len(out) > maxClaimsBytes {
-		return "", fmt.Errorf("%w: %d names take %d bytes, more than %d", errClaimsTooLarge, len(names), len(out), maxClaimsBytes)
-	}
-	return out, nil
+	return raw
 }
 
 func appendString(b []byte, s string) []byte {
@@ -270,4 +297,82 @@ func (d *decoder) string() string {
 	s := string(d.b[:n])
 	d.b = d.b[n:]
 	return s
+}
+
+// positionsAnnotation is the annotation of a bucket Lease that holds, for
+// each token its entries carry but the current one, the resourceVersion
+// of the write that set that token: the entry's position. An entry of the
+// current token (leaseTransitions) is at the Lease's own resourceVersion.
+// A write learns the resourceVersion of the previous write only as the
+// precondition it is guarded by, so each write records the one before it.
+const positionsAnnotation = "ha.bgctl.dev/positions"
+
+// position returns the position of an entry of bucket Lease l with the
+// given token: the resourceVersion, as an integer, of the write that gave
+// it its holder. Since Kubernetes 1.35 the resourceVersions of one
+// resource compare as integers across objects, so the positions of
+// entries in different buckets order their writes. It answers 0 when l
+// does not say (a token no entry carries, or a Lease written by hand).
+func position(l *coordinationv1.Lease, token int64) int64 {
+	if l == nil {
+		return 0
+	}
+	if token == int64(transitions(l)) {
+		rv, _ := strconv.ParseInt(l.ResourceVersion, 10, 64)
+		return rv
+	}
+	return positionsOf(l)[token]
+}
+
+// positionsOf decodes l's positions annotation, "token=rv,…"; a pair that
+// does not parse is left out.
+func positionsOf(l *coordinationv1.Lease) map[int64]int64 {
+	pos := map[int64]int64{}
+	for pair := range strings.SplitSeq(l.Annotations[positionsAnnotation], ",") {
+		t, rv, ok := strings.Cut(pair, "=")
+		token, err1 := strconv.ParseInt(t, 10, 64)
+		at, err2 := strconv.ParseInt(rv, 10, 64)
+		if ok && err1 == nil && err2 == nil {
+			pos[token] = at
+		}
+	}
+	return pos
+}
+
+// setPositions writes into next, the version of a bucket Lease that
+// replaces cur (nil: created) with claims c at leaseTransitions token,
+// the positions of every token of c but token: cur's resourceVersion for
+// cur's own token, else what cur recorded. It fails if cur's
+// resourceVersion is not an integer (a server before 1.35).
+func setPositions(next, cur *coordinationv1.Lease, c bucketClaims, token int64) error {
+	used := map[int64]bool{}
+	for _, e := range c {
+		if e.token != token {
+			used[e.token] = true
+		}
+	}
+	var pairs []string
+	if len(used) > 0 {
+		rv, err := strconv.ParseInt(cur.ResourceVersion, 10, 64)
+		if err != nil {
+			return fmt.Errorf("resourceVersion %q is not an integer: %w", cur.ResourceVersion, err)
+		}
+		old := positionsOf(cur)
+		for _, t := range slices.Sorted(maps.Keys(used)) {
+			at := old[t]
+			if t == int64(transitions(cur)) {
+				at = rv
+			}
+			pairs = append(pairs, fmt.Sprintf("%d=%d", t, at))
+		}
+	}
+	if len(pairs) == 0 {
+		delete(next.Annotations, positionsAnnotation)
+		return nil
+	}
+	if next.Annotations == nil {
+		next.Annotations = map[string]string{}
+	}
+	next.Annotations[positionsAnnotation] = strings.Join(pairs, ",")
+	return nil
 }

@@ -69,6 +69,9 @@ func TestClaimsApply(t *testing.T) {
 			bucketClaims{"ended": {"next", 9}}},
 		{"give a live session's name: nothing", claimChange{give: map[string]string{"live": "next"}}, nil, false, nil},
 		{"give a name to its holder: nothing", claimChange{give: map[string]string{"live": "other"}}, nil, false, nil},
+		{"drop holdings by their tokens, whoever holds them", claimChange{drop: map[string]int64{"live": 4, "ended": 5}}, nil, true,
+			bucketClaims{"live": {}, "ended": {}}},
+		{"drop a holding by another token: nothing", claimChange{drop: map[string]int64{"mine": 2, "live": 5, "free": 0}}, nil, false, nil},
 	} {
 		t.Run(tc.what, func(t *testing.T) {
 			c := base()

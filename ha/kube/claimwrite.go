@@ -49,6 +49,9 @@ type changeResult struct {
 	lease *coordinationv1.Lease
 	// wrote says whether the change wrote the bucket.
 	wrote bool
+	// claims are the bucket's claims after the change (as read, when
+	// nothing needed writing).
+	claims bucketClaims
 }
 
 // change makes the change ch to the claims of bucket i for the session
@@ -93,25 +96,67 @@ type changeResult struct {
 //	B's session proven ended; A claims n and m
 //	                                4                    n: A@4, m: A@4
 func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange) (changeResult, error) {
-	g := s.g
+	return s.g.change(ctx, o, i, ch, s.writer(), nil)
+}
+
+// writer is who makes a change: the session identity its claims and
+// releases name, and a check that it may still write, made before each
+// read and each write (nil: always).
+type writer struct {
+	identity string
+	check    func() error
+}
+
+// writer returns the session as the writer of its changes: they stop
+// once it is lost or ended.
+func (s *session) writer() writer { return writer{identity: s.identity, check: s.stateErr} }
+
+// known is a version of a bucket Lease the caller has already seen (the
+// feed's, or its own last write's): lease, or nil when the bucket was
+// known absent.
+type known struct{ lease *coordinationv1.Lease }
+
+// change is session.change for any writer w; from, when not nil, is the
+// version the first try starts from instead of a quorum read: the write
+// is guarded by its resourceVersion all the same, so a stale one costs a
+// conflict, and only then a read. (So a replica whose feed is current
+// writes a bucket with one request, not two.) A change that would write
+// nothing on the version known reads the bucket all the same and works
+// it out again: the version known may be behind, and a name found
+// already held, or already free, must be so now.
+func (g *group) change(ctx context.Context, o *observer, i int, ch claimChange, w writer, from *known) (changeResult, error) {
 	if i < 0 || i >= g.buckets {
 		return changeResult{}, fmt.Errorf("kube: bucket %d out of [0, %d)", i, g.buckets)
 	}
 	name := g.bucketName(i)
+	check := func(what string) error {
+		if w.check == nil {
+			return nil
+		}
+		if err := w.check(); err != nil {
+			return fmt.Errorf("%w: not %s %s", err, what, name)
+		}
+		return nil
+	}
 	for try := 0; ; try++ {
 		if try > 0 {
 			if err := changeBackoff(ctx, try); err != nil {
 				return changeResult{}, fmt.Errorf("%w: %s, %d tries: %w", errBucketContended, name, try, err)
 			}
 		}
-		if err := s.stateErr(); err != nil {
-			return changeResult{}, fmt.Errorf("%w: not changing %s", err, name)
+		if err := check("changing"); err != nil {
+			return changeResult{}, err
 		}
-		cur, err := g.leases.Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
-		absent := apierrors.IsNotFound(err)
-		if err != nil && !absent {
+		var cur *coordinationv1.Lease
+		var err error
+		if try == 0 && from != nil {
+			cur = from.lease.DeepCopy() // DeepCopy of nil is nil: absent
+		} else if cur, err = g.leases.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) { // no resourceVersion: a quorum read
+			cur = nil
+		} else if err != nil {
 			return changeResult{}, fmt.Errorf("kube: reading %s: %w", name, err)
 		}
+		absent := cur == nil
 		claims := bucketClaims{}
 		token := int64(0) // a created bucket's leaseTransitions
 		if !absent {
@@ -124,22 +169,23 @@ func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange
 				return changeResult{}, fmt.Errorf("kube: %s: leaseTransitions cannot grow past %d", name, int32(math.MaxInt32))
 			}
 		}
-		if err := o.learn(ctx, holdersAsked(claims, s.identity, ch)); err != nil {
+		if err := o.learn(ctx, holdersAsked(claims, w.identity, ch)); err != nil {
 			return changeResult{}, err
 		}
-		got, changed := claims.apply(s.identity, ch, o.ended, token)
-		res := changeResult{got: make(map[string]int64, len(got))}
+		got, changed := claims.apply(w.identity, resolveDrops(ch, claims, cur), o.ended, token)
+		res := changeResult{got: make(map[string]int64, len(got)), claims: claims}
 		for _, n := range got {
 			res.got[n] = claims[n].token
 		}
+		if !changed && try == 0 && from != nil {
+			continue // the version known may be behind: a change that writes nothing reads to be sure
+		}
 		if !changed {
-			if !absent {
-				res.lease = cur
-			}
+			res.lease = cur
 			return res, nil
 		}
-		if err := s.stateErr(); err != nil {
-			return changeResult{}, fmt.Errorf("%w: not writing %s", err, name)
+		if err := check("writing"); err != nil {
+			return changeResult{}, err
 		}
 		var next *coordinationv1.Lease
 		if absent {
@@ -151,9 +197,12 @@ func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange
 			next = cur.DeepCopy()
 			next.Spec.LeaseTransitions = new(int32(token))
 		}
-		next.Spec.HolderIdentity = new(s.identity) // for people: the last writer
+		next.Spec.HolderIdentity = new(w.identity) // for people: the last writer
 		if err := setClaims(next, claims); err != nil {
 			return changeResult{}, err
+		}
+		if err := setPositions(next, cur, claims, token); err != nil {
+			return changeResult{}, fmt.Errorf("kube: %s: %w", name, err)
 		}
 		var wrote *coordinationv1.Lease
 		if absent {
@@ -170,6 +219,26 @@ func (s *session) change(ctx context.Context, o *observer, i int, ch claimChange
 		res.lease, res.wrote = wrote, true
 		return res, nil
 	}
+}
+
+// resolveDrops returns ch with its dropAt resolved, on bucket Lease cur
+// and its claims c, into drop: each name whose entry is at the position
+// named is to be freed by its token.
+func resolveDrops(ch claimChange, c bucketClaims, cur *coordinationv1.Lease) claimChange {
+	if len(ch.dropAt) == 0 {
+		return ch
+	}
+	drop := maps.Clone(ch.drop)
+	if drop == nil {
+		drop = map[string]int64{}
+	}
+	for n, at := range ch.dropAt {
+		if e, held := c[n]; held && at != 0 && position(cur, e.token) == at {
+			drop[n] = e.token
+		}
+	}
+	ch.drop, ch.dropAt = drop, nil
+	return ch
 }
 
 // changeBackoff waits before the given retry (1 for the first) of a

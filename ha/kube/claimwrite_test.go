@@ -74,18 +74,6 @@ func bucketNow(t *testing.T, c *cluster, g *group, i int) (bucketClaims, *coordi
 	return claims, l
 }
 
-// heldBy returns the names claims gives to session.
-func heldBy(claims bucketClaims, session string) []string {
-	var names []string
-	for n, e := range claims {
-		if e.session == session {
-			names = append(names, n)
-		}
-	}
-	slices.Sort(names)
-	return names
-}
-
 // Three replicas claim overlapping sets of names of one bucket at the
 // same moment, when the bucket is absent (three creates) and then
 // existing (updates on one resourceVersion): every name ends with one
@@ -120,7 +108,7 @@ func TestClaimRaceGivesEachNameOneHolder(t *testing.T) {
 				t.Fatalf("round %d: %s's claim: %v", round, r.s.identity, errs[k])
 			}
 			got := slices.Sorted(maps.Keys(results[k].got))
-			if want := heldBy(claims, r.s.identity); !slices.Equal(got, want) {
+			if want := heldIn(claims, r.s.identity); !slices.Equal(got, want) {
 				t.Fatalf("round %d: %s was answered %v, the bucket gives it %v", round, r.s.identity, got, want)
 			}
 			for n, tok := range results[k].got {

@@ -16,7 +16,10 @@
 // their leaseTransitions a token that only grows per name (claims.go,
 // claimwrite.go); and a feed of the group's Leases in commit order that
 // lists again when its watch expires (feed.go). The safety argument is
-// written where their states are declared.
+// written where their states are declared. Made of them, kubeBackend
+// (backend.go, backendfeed.go, takeover.go) answers the calls of ha's
+// backend interface, under the same names, and is held to ha's
+// conformance cases on the real API server (backend_test.go).
 //
 // Beneath them lies the ground the backend stands on, tested against a
 // real kube-apiserver rather than a fake:

@@ -11,6 +11,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +61,16 @@ var errSessionLost = errors.New("kube: member session lost: its Lease was delete
 // another's session ended by a D shorter than the one its holder counts
 // its validity with (observe.go, "Which D").
 var errDurationMismatch = errors.New("kube: a member of the group has a lease duration other than this replica's")
+
+// errBucketCount is begin's answer when another member Lease of the
+// group records a bucket count other than this replica's: a name's
+// bucket is its hash modulo the count, so two counts would put one name
+// in two buckets, where two replicas could claim it at once.
+var errBucketCount = errors.New("kube: a member of the group has a bucket count other than this replica's")
+
+// bucketsAnnotation is the annotation of a member Lease that records its
+// replica's bucket count, for begin's check (errBucketCount).
+const bucketsAnnotation = "ha.bgctl.dev/buckets"
 
 // errReservedInfix is the answer of newGroup for a group name that
 // contains "-m-" or "-b-" or ends with "-m" or "-b", and of begin for a
@@ -235,6 +247,7 @@ type session struct {
 	mu    sync.Mutex
 	lease *coordinationv1.Lease // guarded by mu: the member Lease as the session's last successful write left it
 	state sessionState          // guarded by mu
+	valid time.Time             // guarded by mu: validUntil of the session's last successful write (sent + D)
 }
 
 // begin starts a session of member id: it creates the member Lease, and
@@ -244,9 +257,10 @@ type session struct {
 // proven ended.
 //
 // After the create, it lists the group's member Leases (a quorum list),
-// and if one has a leaseDurationSeconds other than the group's D, it
-// deletes its own Lease (guarded by its UID and resourceVersion) and
-// answers errDurationMismatch naming that member: the group's D changes
+// and if one has a leaseDurationSeconds other than the group's D, or a
+// bucket count other than the group's (errBucketCount), it deletes its
+// own Lease (guarded by its UID and resourceVersion) and answers
+// errDurationMismatch naming that member: the group's D changes
 // only once every member of the old D has ended (its Lease gone). Listing
 // after the create, not before, is what refuses two begins with
 // different D racing: the later list of the two is sent after both
@@ -255,6 +269,13 @@ type session struct {
 // well, the Lease stays until an observer proves it ended, and the ID's
 // next begin is errDuplicateSession until then.
 func (g *group) begin(ctx context.Context, id string) (*session, time.Time, error) {
+	return g.beginWith(ctx, id, nil)
+}
+
+// beginWith is begin, the member Lease carrying annotations besides the
+// group's bucket count (bucketsAnnotation), which every member Lease
+// records and begin checks as it checks D.
+func (g *group) beginWith(ctx context.Context, id string, annotations map[string]string) (*session, time.Time, error) {
 	if err := checkInfixes("member ID", id, false); err != nil {
 		return nil, time.Time{}, err
 	}
@@ -265,7 +286,7 @@ func (g *group) begin(ctx context.Context, id string) (*session, time.Time, erro
 	identity := newIdentity(id)
 	sent := time.Now()
 	l := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: g.labels(kindMember)},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: g.labels(kindMember), Annotations: map[string]string{}},
 		Spec: coordinationv1.LeaseSpec{
 			HolderIdentity:       &identity,
 			LeaseDurationSeconds: new(int32(g.duration / time.Second)),
@@ -273,6 +294,8 @@ func (g *group) begin(ctx context.Context, id string) (*session, time.Time, erro
 			RenewTime:            &metav1.MicroTime{Time: sent},
 		},
 	}
+	maps.Copy(l.Annotations, annotations)
+	l.Annotations[bucketsAnnotation] = strconv.Itoa(g.buckets)
 	created, err := g.renewals.Create(ctx, l, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil, time.Time{}, fmt.Errorf("%w: %s", errDuplicateSession, name)
@@ -280,22 +303,23 @@ func (g *group) begin(ctx context.Context, id string) (*session, time.Time, erro
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w", id, err)
 	}
-	if err := g.sameDuration(ctx, name); err != nil {
+	if err := g.sameShape(ctx, name); err != nil {
 		uid, rv := created.UID, created.ResourceVersion
 		if derr := g.renewals.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}}); derr != nil {
 			return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w (deleting its Lease: %v)", id, err, derr)
 		}
 		return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w", id, err)
 	}
-	s := &session{g: g, id: id, identity: identity, name: name, lease: created}
-	return s, sent.Add(g.duration), nil
+	s := &session{g: g, id: id, identity: identity, name: name, lease: created, valid: sent.Add(g.duration)}
+	return s, s.valid, nil
 }
 
-// sameDuration lists the group's member Leases with a quorum list, and
+// sameShape lists the group's member Leases with a quorum list, and
 // answers errDurationMismatch, naming the first whose
-// leaseDurationSeconds is not g's D, if one is not (mine, the caller's
-// own Lease, aside). A Lease that carries none is not counted.
-func (g *group) sameDuration(ctx context.Context, mine string) error {
+// leaseDurationSeconds is not g's D, or errBucketCount, naming the first
+// whose bucket count is not g's, if one is not (mine, the caller's own
+// Lease, aside). A Lease that carries neither is not counted.
+func (g *group) sameShape(ctx context.Context, mine string) error {
 	list, err := g.renewals.List(ctx, metav1.ListOptions{LabelSelector: groupLabel + "=" + g.name + "," + kindLabel + "=" + kindMember})
 	if err != nil {
 		return fmt.Errorf("listing the members of %s: %w", g.name, err)
@@ -304,6 +328,9 @@ func (g *group) sameDuration(ctx context.Context, mine string) error {
 		d := l.Spec.LeaseDurationSeconds
 		if l.Name != mine && d != nil && time.Duration(*d)*time.Second != g.duration {
 			return fmt.Errorf("%w: %s has %ds, this replica %v", errDurationMismatch, l.Name, *d, g.duration)
+		}
+		if n, ok := l.Annotations[bucketsAnnotation]; l.Name != mine && ok && n != strconv.Itoa(g.buckets) {
+			return fmt.Errorf("%w: %s has %s buckets, this replica %d", errBucketCount, l.Name, n, g.buckets)
 		}
 	}
 	return nil
@@ -315,6 +342,13 @@ func (g *group) sameDuration(ctx context.Context, mine string) error {
 // errSessionLost, and the session is lost for good. Renewals of one
 // session run one at a time.
 func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
+	return s.update(ctx, nil)
+}
+
+// update is renew, the Lease written with edit applied to it first when
+// edit is not nil (the member record's annotations): every write of the
+// member Lease renews the session.
+func (s *session) update(ctx context.Context, edit func(*coordinationv1.Lease)) (validUntil time.Time, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.stateErrLocked(); err != nil {
@@ -327,6 +361,9 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 	// same name (by an administrator, or a restore) answers 409, and the
 	// session is lost rather than renewed on a Lease that is not its own.
 	next := s.lease.DeepCopy()
+	if edit != nil {
+		edit(next)
+	}
 	sent := time.Now()
 	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it
 	got, err := s.g.renewals.Update(ctx, next, metav1.UpdateOptions{})
@@ -338,7 +375,8 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 		return time.Time{}, fmt.Errorf("kube: renewing %s: %w", s.name, err)
 	}
 	s.lease = got
-	return sent.Add(s.g.duration), nil
+	s.valid = sent.Add(s.g.duration)
+	return s.valid, nil
 }
 
 // end deletes the member Lease on condition of its UID and the

@@ -1,0 +1,623 @@
+// The calls the shared part of ha makes of a store (ha's backend
+// interface), made of this package's primitives: sessions are member
+// Leases, holdings are entries in bucket Leases, and an ended session is
+// one this replica's observer proved or saw ended (DESIGN.md, "The
+// interface the shared part calls").
+//
+// The types below are this package's copies of the small types ha's
+// interface uses, under the same names where they do not collide with
+// this package's own (seamSession is ha's session): when the modules are
+// split, kubeBackend implements ha's interface by renaming alone.
+
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/version"
+	"k8s.io/client-go/rest"
+)
+
+// sessionID names one session; 0 names none. Here it is a hash of the
+// session's identity ("<ID>/<incarnation>", the member Lease's
+// holderIdentity), which is unique per incarnation (the incarnation is
+// random) and, unlike the Lease's UID, is what every bucket entry carries:
+// the session of a holding read from a bucket is known without reading
+// the holder's member Lease, which may be gone.
+type sessionID int64
+
+// idOf returns the sessionID of a session identity: FNV-1a (64 bits),
+// its top bit cleared, and 1 in place of 0, which names none.
+func idOf(identity string) sessionID {
+	h := fnv.New64a()
+	h.Write([]byte(identity))
+	id := sessionID(h.Sum64() &^ (1 << 63))
+	if id == 0 {
+		id = 1
+	}
+	return id
+}
+
+// seamSession is one that kubeBackend.begin started (ha's session).
+type seamSession struct {
+	id   sessionID
+	sent time.Time // taken before the create of the member Lease: its validity counts from here
+	// joinedAt is the member Lease's resourceVersion at its create, as an
+	// integer (comparable across Leases since Kubernetes 1.35).
+	joinedAt int64
+}
+
+// claimed is the outcome of one name of a claim (ha's claimed, less its
+// err, which the shared part sets itself when a request fails).
+type claimed struct {
+	name string
+	ok   bool  // the holding is this session's
+	rev  int64 // ok: its position (position)
+	// token is, when ok, the bucket's leaseTransitions at the write that
+	// created the holding, for Claim.Token: the one field ha's claimed
+	// lacks.
+	token int64
+	view  *claimView // not ok: the holding another session has, read at hdr
+	hdr   int64      // not ok: the bucket's resourceVersion read
+}
+
+// claimView is a holding of another session (ha's claimView, with
+// sessionID where ha has etcd's lease ID, less its since, which the
+// shared part's view sets from its watch).
+type claimView struct {
+	holder string    // the holder's member ID
+	lease  sessionID // the holder's session
+	rev    int64     // its position
+}
+
+// Claim identifies one holding of a name (ha's Claim, as this backend
+// fills it in): Key is the name, Revision its position, Token the bucket's
+// leaseTransitions at the write that created it, which only grows from
+// one holding of the name to the next (what ClaimFrom gives a DoFunc
+// here; DESIGN.md, "What ClaimFrom gives a DoFunc").
+type Claim struct {
+	Key      string
+	Revision int64
+	Token    int64
+}
+
+// memberAnnotation is the annotation of a member Lease that holds the
+// member record's value (memberValue): the ID, the digest of its names,
+// and whether it is leaving, as ha writes the value of an etcd member
+// key.
+const memberAnnotation = "ha.bgctl.dev/member"
+
+// memberValue is the member record's value, in ha's format: "<ID>
+// names=<digest>", then " (leaving)" when it leaves.
+func memberValue(id, digest string, leaving bool) string {
+	v := id + " names=" + digest
+	if leaving {
+		v += " (leaving)"
+	}
+	return v
+}
+
+// claimWorkers bounds the bucket writes one call has in flight at once
+// (claim, end, takeOver): enough to keep a client's rate limit busy, few
+// enough that one call does not take every connection's streams.
+const claimWorkers = 8
+
+// kubeBackend is the backend on Kubernetes Leases of one replica, of
+// member ID id in group g. Its methods are safe for concurrent use, and
+// none leaves a goroutine running when it returns; run is the one that
+// runs until its context ends, and its caller owns it.
+//
+// Its sessions are the ones begin started here: a session begun by
+// another process (this replica's previous run) is one it does not know,
+// and answers errSessionEnded for.
+type kubeBackend struct {
+	// Immutable after newKubeBackend.
+	g              *group
+	o              *observer
+	id             string
+	log            *slog.Logger
+	server         func(ctx context.Context) (*version.Info, error) // asks the API server its release (serverVersion); nil: not asked
+	requestTimeout time.Duration
+
+	warned atomic.Bool // checkServers has logged a server too old
+
+	mu       sync.Mutex
+	sessions map[sessionID]*session           // guarded by mu: the live sessions begun here; one lost or ended is removed once found so
+	buckets  map[int]known                    // guarded by mu: the latest version of each bucket seen (the feed, or this replica's writes and reads)
+	members  map[string]*coordinationv1.Lease // guarded by mu: the feed's member Leases, by member ID
+	wrote    map[sessionID]map[int]struct{}   // guarded by mu: the buckets each session wrote entries into, for end
+}
+
+// newKubeBackend returns the backend of member id in g, its observer
+// fresh; server, if not nil, answers the API server's release
+// (serverVersion)
+// (checkServers), and requestTimeout bounds each request of request.
+func newKubeBackend(g *group, id string, log *slog.Logger, server func(ctx context.Context) (*version.Info, error), requestTimeout time.Duration) *kubeBackend {
+	return &kubeBackend{
+		g: g, o: newObserver(g), id: id, log: log, server: server, requestTimeout: requestTimeout,
+		sessions: map[sessionID]*session{},
+		buckets:  map[int]known{},
+		members:  map[string]*coordinationv1.Lease{},
+		wrote:    map[sessionID]map[int]struct{}{},
+	}
+}
+
+// minServerMinor is the oldest Kubernetes 1.x release the backend relies
+// on: resourceVersions compare as integers from 1.35 on (claim positions).
+const minServerMinor = 35
+
+// checkServers asks the API server its release, within the request
+// timeout and ctx, and logs at Warn, once, if it is older than 1.35. A
+// server it cannot ask is logged at Debug.
+func (b *kubeBackend) checkServers(ctx context.Context) {
+	if b.server == nil {
+		return
+	}
+	ctx, cancel := b.request(ctx)
+	defer cancel()
+	info, err := b.server(ctx)
+	if err != nil {
+		b.log.Debug("kube: asking the API server its release: " + err.Error())
+		return
+	}
+	minor, _ := strconv.Atoi(strings.TrimRight(info.Minor, "+"))
+	if info.Major == "1" && minor < minServerMinor && !b.warned.Swap(true) {
+		b.log.Warn(fmt.Sprintf("kube: the API server runs %s; the backend needs 1.%d or later, whose resourceVersions compare as integers", info.GitVersion, minServerMinor))
+	}
+}
+
+// serverVersion returns the server of newKubeBackend for the API server
+// rc reaches: a GET of /version, which every authenticated user may make
+// (Kubernetes' default system:public-info-viewer role), bounded by ctx.
+func serverVersion(rc rest.Interface) func(ctx context.Context) (*version.Info, error) {
+	return func(ctx context.Context) (*version.Info, error) {
+		raw, err := rc.Get().AbsPath("/version").Do(ctx).Raw()
+		if err != nil {
+			return nil, err
+		}
+		var info version.Info
+		if err := json.Unmarshal(raw, &info); err != nil {
+			return nil, fmt.Errorf("kube: the API server's /version: %w", err)
+		}
+		return &info, nil
+	}
+}
+
+// request returns a context bounded by the request timeout and parent.
+// Every write and every read without a resourceVersion goes to etcd's
+// quorum through the API server: nothing more is needed for one to reach
+// the store's authority.
+func (b *kubeBackend) request(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, b.requestTimeout)
+}
+
+// begin creates this replica's member Lease, carrying digest, for a new
+// session (group.beginWith). If prev is a live session of this backend,
+// its Lease is deleted first (guarded by its own last write, so only
+// while it is still prev's): the record moves to the new session. A
+// member Lease of another session, or of prev no longer known here,
+// refuses begin with errDuplicateSession, unless this replica's observer
+// proves it ended: a Lease it finds is stamped, and one found unchanged
+// D after a stamp is deleted on condition of that version (observer.expire),
+// and begin creates its own. So a replica restarted after a crash, with
+// no other replica running to prove its old session ended, begins once
+// D has passed. ttl must not exceed the group's D, which the session
+// has.
+func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (seamSession, error) {
+	if ttl > b.g.duration {
+		return seamSession{}, fmt.Errorf("kube: a session of %v asked for, longer than the group's lease duration %v", ttl, b.g.duration)
+	}
+	if p := b.live(prev); p != nil {
+		rctx, cancel := b.request(ctx)
+		err := p.end(rctx)
+		cancel()
+		b.forget(prev)
+		if err != nil && !errors.Is(err, errSessionLost) {
+			return seamSession{}, fmt.Errorf("kube: ending the previous session to move the member record: %w", err)
+		}
+	}
+	annotations := map[string]string{memberAnnotation: memberValue(b.id, digest, false)}
+	for try := 0; ; try++ {
+		rctx, cancel := b.request(ctx)
+		s, valid, err := b.g.beginWith(rctx, b.id, annotations)
+		cancel()
+		if errors.Is(err, errDuplicateSession) && try == 0 {
+			if ended, perr := b.proveMemberEnded(ctx); perr != nil {
+				return seamSession{}, fmt.Errorf("%w (proving it ended: %v)", err, perr)
+			} else if ended {
+				continue
+			}
+		}
+		if err != nil {
+			return seamSession{}, err
+		}
+		id := idOf(s.identity)
+		b.mu.Lock()
+		b.sessions[id] = s
+		b.mu.Unlock()
+		joinedAt, _ := strconv.ParseInt(s.lease.ResourceVersion, 10, 64)
+		return seamSession{id: id, sent: valid.Add(-b.g.duration), joinedAt: joinedAt}, nil
+	}
+}
+
+// proveMemberEnded reads this replica's member Lease, has the observer
+// stamp it, and has it prove the session ended if that stamp is due
+// (observer.expire). It answers whether the Lease's session is now
+// ended, or the Lease gone.
+func (b *kubeBackend) proveMemberEnded(ctx context.Context) (bool, error) {
+	rctx, cancel := b.request(ctx)
+	defer cancel()
+	l, err := b.g.leases.Get(rctx, b.g.memberName(b.id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	identity := holder(l)
+	b.o.see(l, time.Now())
+	return b.o.expire(rctx, identity)
+}
+
+// live returns session id if it is one of this backend's and neither
+// lost nor ended as far as its own writes know, else nil.
+func (b *kubeBackend) live(id sessionID) *session {
+	b.mu.Lock()
+	s := b.sessions[id]
+	b.mu.Unlock()
+	if s == nil || s.stateErr() != nil {
+		return nil
+	}
+	return s
+}
+
+// forget removes session id from the backend's sessions.
+func (b *kubeBackend) forget(id sessionID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.sessions, id)
+	delete(b.wrote, id)
+}
+
+// ended returns the error of a call naming session id that is not live
+// here: errSessionEnded, with the session's own reason when it has one.
+func (b *kubeBackend) ended(id sessionID) error {
+	b.mu.Lock()
+	s := b.sessions[id]
+	b.mu.Unlock()
+	if s != nil {
+		if err := s.stateErr(); errors.Is(err, errSessionLost) {
+			b.forget(id)
+			return fmt.Errorf("%w: %w", errSessionEnded, err)
+		}
+	}
+	b.forget(id)
+	return fmt.Errorf("%w: session %x is not live here", errSessionEnded, int64(id))
+}
+
+// renew writes the member Lease again (session.renew), and answers D: the
+// session is valid until D past the request's send time, itself after
+// the moment the caller took.
+func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, error) {
+	s := b.live(id)
+	if s == nil {
+		return 0, b.ended(id)
+	}
+	if _, err := s.renew(ctx); err != nil {
+		if errors.Is(err, errSessionLost) {
+			return 0, b.ended(id)
+		}
+		return 0, err
+	}
+	return b.g.duration, nil
+}
+
+// end removes session id's entries from every bucket it wrote them into
+// (best effort: on an error it goes on; an entry left names a session
+// whose Lease is gone, which the others take once their observers count
+// it ended), then deletes its member Lease (session.end). Entries of
+// names handed over to the session by others, which it never wrote, are
+// removed if the feed brought their bucket.
+func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
+	s := b.live(id)
+	if s == nil {
+		return b.ended(id)
+	}
+	b.mu.Lock()
+	var buckets []int
+	for i := range b.wrote[id] {
+		buckets = append(buckets, i)
+	}
+	for i, k := range b.buckets {
+		if _, ok := b.wrote[id][i]; ok || k.lease == nil {
+			continue
+		}
+		if c, err := claimsOf(k.lease); err == nil && len(heldIn(c, s.identity)) > 0 {
+			buckets = append(buckets, i)
+		}
+	}
+	b.mu.Unlock()
+	b.each(buckets, func(i int) {
+		from := b.known(i)
+		var names []string
+		if from != nil && from.lease != nil {
+			if c, err := claimsOf(from.lease); err == nil {
+				names = heldIn(c, s.identity)
+			}
+		}
+		if len(names) == 0 {
+			return
+		}
+		rctx, cancel := b.request(ctx)
+		res, err := b.g.change(rctx, b.o, i, claimChange{release: names}, s.writer(), from)
+		cancel()
+		if err != nil {
+			b.log.Debug(fmt.Sprintf("kube: removing the entries of %s from bucket %d: %v", s.identity, i, err))
+			return
+		}
+		b.remember(i, res.lease)
+	})
+	err := s.end(ctx)
+	b.forget(id)
+	if errors.Is(err, errSessionLost) {
+		return fmt.Errorf("%w: %w", errSessionEnded, err)
+	}
+	return err
+}
+
+// heldIn returns the names c gives to session identity, sorted.
+func heldIn(c bucketClaims, identity string) []string {
+	var names []string
+	for n, e := range c {
+		if e.session == identity {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// each calls f for every bucket of buckets, claimWorkers at a time, and
+// returns when every call has.
+func (b *kubeBackend) each(buckets []int, f func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, claimWorkers)
+	for _, i := range buckets {
+		sem <- struct{}{}
+		wg.Go(func() { // joined below
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
+}
+
+// putMember writes the member record's value into the member Lease's
+// annotation, by a write of the session (session.update), which renews
+// it too. A session not live here answers not written, with
+// errSessionEnded.
+func (b *kubeBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (bool, error) {
+	s := b.live(id)
+	if s == nil {
+		return false, b.ended(id)
+	}
+	_, err := s.update(ctx, func(l *coordinationv1.Lease) {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[memberAnnotation] = memberValue(b.id, digest, leaving)
+	})
+	if errors.Is(err, errSessionLost) {
+		return false, b.ended(id)
+	}
+	return err == nil, err
+}
+
+// ensureMember reads the member Lease and answers its session. Here the
+// member record is the session: a session whose Lease is absent has been
+// ended, and ensureMember answers errSessionEnded for id then, never
+// writes.
+func (b *kubeBackend) ensureMember(ctx context.Context, id sessionID, digest string) (sessionID, bool, error) {
+	under, found, err := b.memberSession(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	if !found {
+		return 0, false, b.ended(id)
+	}
+	return under, true, nil
+}
+
+// memberSession reads this replica's member Lease with a quorum read and
+// answers its session.
+func (b *kubeBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
+	name := b.g.memberName(b.id)
+	l, err := b.g.leases.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("kube: reading %s: %w", name, err)
+	}
+	return idOf(holder(l)), true, nil
+}
+
+// timeLeft reads the member Lease with a quorum read: if it is still as
+// the session's last write left it, the session lives until that write's
+// send time + D (left, counted on this replica's clock), and granted is
+// D. A Lease gone or written by another since is errSessionEnded.
+func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	s := b.live(id)
+	if s == nil {
+		return 0, 0, b.ended(id)
+	}
+	l, err := b.g.leases.Get(ctx, s.name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return 0, 0, fmt.Errorf("kube: reading %s: %w", s.name, err)
+	}
+	s.mu.Lock()
+	same := err == nil && l.UID == s.lease.UID && l.ResourceVersion == s.lease.ResourceVersion
+	valid := s.valid
+	s.mu.Unlock()
+	if !same {
+		return 0, 0, fmt.Errorf("%w: %s was deleted or written by another", errSessionEnded, s.name)
+	}
+	return max(time.Until(valid), 0), b.g.duration, nil
+}
+
+// claimCost is what a name adds to a bucket's claims, roughly: its bytes
+// and a few for its session's index and token.
+func (b *kubeBackend) claimCost(name string) int { return len(name) + 8 }
+
+// claim makes session id the holder of names: one change per bucket the
+// names fall in (claimWorkers at a time), each starting from the version
+// of the bucket the backend last saw (the feed's, or its own last
+// write's) and reading it only after a conflict. Each name is ours
+// (written now, or found so), or another's, with its holder; a name held
+// by a session this replica's observer judges ended is taken
+// (bucketClaims.apply). There are no names to claim again here: every
+// free name of a bucket is taken by that bucket's write. An error of any
+// bucket fails the whole claim: the names written are found ours by the
+// next.
+//
+// No entry is written under a session lost or ended as far as its own
+// writes know. One written while an observer deleted the session's Lease
+// may land; so the answer is checked against the session's validity (the
+// last renewal's send time + D) when it comes, and a claim answered past
+// it fails: the caller's fence passed before, and the others take those
+// names once their observers count the session ended.
+func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+	s := b.live(id)
+	if s == nil {
+		return nil, nil, b.ended(id)
+	}
+	byBucket := map[int][]string{}
+	for _, n := range names {
+		i := bucketOf(n, b.g.buckets)
+		byBucket[i] = append(byBucket[i], n)
+	}
+	var mu sync.Mutex
+	var errs []error
+	b.each(slices.Sorted(func(yield func(int) bool) {
+		for i := range byBucket {
+			if !yield(i) {
+				return
+			}
+		}
+	}), func(i int) {
+		res, err := b.g.change(ctx, b.o, i, claimChange{claim: byBucket[i]}, s.writer(), b.known(i))
+		if err == nil {
+			b.remember(i, res.lease)
+			b.noteWrote(id, i)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		hdr := int64(0)
+		if res.lease != nil {
+			hdr = rvOf(res.lease)
+		}
+		for _, n := range byBucket[i] {
+			if _, ok := res.got[n]; ok {
+				got = append(got, claimed{name: n, ok: true, rev: position(res.lease, res.got[n]), token: res.got[n]})
+				continue
+			}
+			e := res.claims[n]
+			holderID, _ := identityID(e.session)
+			got = append(got, claimed{name: n, hdr: hdr, view: &claimView{holder: holderID, lease: idOf(e.session), rev: position(res.lease, e.token)}})
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		if errors.Is(err, errSessionLost) || errors.Is(err, errSessionEnded) {
+			return nil, nil, fmt.Errorf("%w: %w", errSessionEnded, err)
+		}
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	valid := s.valid
+	s.mu.Unlock()
+	if !time.Now().Before(valid) {
+		return nil, nil, fmt.Errorf("kube: the claim of %d names was answered after session %s's validity ended", len(names), s.identity)
+	}
+	return got, nil, nil
+}
+
+// noteWrote records that session id wrote entries into bucket i.
+func (b *kubeBackend) noteWrote(id sessionID, i int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.sessions[id] == nil {
+		return
+	}
+	if b.wrote[id] == nil {
+		b.wrote[id] = map[int]struct{}{}
+	}
+	b.wrote[id][i] = struct{}{}
+}
+
+// release frees holding c of this replica: one change of the name's
+// bucket that removes its entry only if it is still at c's position
+// (claimChange.dropAt), whichever session holds it, so that a name held
+// anew since, by anyone, is left alone (each holding of a name is at the
+// resourceVersion of the write that created it). It needs no live
+// session: the position names the holding.
+func (b *kubeBackend) release(ctx context.Context, c Claim) error {
+	i := bucketOf(c.Key, b.g.buckets)
+	res, err := b.g.change(ctx, b.o, i, claimChange{dropAt: map[string]int64{c.Key: c.Revision}}, writer{identity: b.id}, b.known(i))
+	if err != nil {
+		return err
+	}
+	b.remember(i, res.lease)
+	return nil
+}
+
+// known returns the latest version of bucket i the backend has seen, or
+// nil when it has seen none.
+func (b *kubeBackend) known(i int) *known {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k, ok := b.buckets[i]
+	if !ok {
+		return nil
+	}
+	return &k
+}
+
+// remember records l as bucket i's latest version seen, unless the
+// backend has seen a later one (resourceVersions of one resource compare
+// as integers). nil (nothing written to an absent bucket) is not
+// recorded.
+func (b *kubeBackend) remember(i int, l *coordinationv1.Lease) {
+	if l == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if k, ok := b.buckets[i]; ok && k.lease != nil && rvOf(k.lease) > rvOf(l) {
+		return
+	}
+	b.buckets[i] = known{lease: l}
+}
+
+// rvOf returns l's resourceVersion as an integer, 0 if it is not one.
+func rvOf(l *coordinationv1.Lease) int64 {
+	rv, _ := strconv.ParseInt(l.ResourceVersion, 10, 64)
+	return rv
+}

@@ -1,0 +1,251 @@
+// The backend's writes at scale, on the real API server: a bucket
+// written from the version the feed brought, with no read; a crashed
+// replica's buckets rewritten by the survivors, each the buckets it owns;
+// a member of another bucket count refused.
+
+package kube
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// bucketReads counts the GETs of one group's bucket Leases a client
+// sends.
+type bucketReads struct {
+	rt     http.RoundTripper
+	prefix string // "/leases/<group>-b-"
+	n      *atomic.Int64
+}
+
+// RoundTrip counts req if it reads a bucket, and sends it.
+func (r bucketReads) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodGet && strings.Contains(req.URL.Path, r.prefix) {
+		r.n.Add(1)
+	}
+	return r.rt.RoundTrip(req)
+}
+
+// backendOn returns the backend of member id in g, on clients of its own
+// made of cfg.
+func backendOn(t *testing.T, c *cluster, g *group, id string, cfg *rest.Config) *kubeBackend {
+	t.Helper()
+	return newKubeBackend(groupOn(t, c, g, cfg), id, slog.New(slog.DiscardHandler), nil, 5*time.Second)
+}
+
+// waitFor polls cond every 20ms until it holds, failing the test after
+// within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(within); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+	}
+}
+
+// A replica whose feed brought a bucket's version writes it with one
+// update and no read; when that version is behind, the update conflicts,
+// and one quorum read puts it right.
+func TestBackendWritesFromTheFeedsVersion(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	var reads atomic.Int64
+	cfg := replicaConfig(c, nil)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return bucketReads{rt: rt, prefix: "/leases/" + g.name + bucketInfix, n: &reads}
+	}
+	a := backendOn(t, c, g, "r0", cfg)
+	runBackend(t, a)
+	other := backendOn(t, c, g, "r1", replicaConfig(c, nil))
+	so, err := other.begin(t.Context(), 0, testD, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := namesIn(g, 0, 4)
+	if _, _, err := other.claim(t.Context(), so.id, names[:1]); err != nil {
+		t.Fatal(err)
+	}
+	theirs := other.known(0).lease
+	waitFor(t, 5*time.Second, "r0's feed brings r1's write of bucket 0", func() bool {
+		k := a.known(0)
+		return k != nil && k.lease != nil && rvOf(k.lease) >= rvOf(theirs)
+	})
+	sa, err := a.begin(t.Context(), 0, testD, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads.Store(0)
+	got, _, err := a.claim(t.Context(), sa.id, names[1:2])
+	if err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim from the feed's version = %+v, %v", got, err)
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("claim of a bucket the feed brought read it %d times, want none", n)
+	}
+	// Behind: r0 knows bucket 0 as r1's first write left it.
+	if _, _, err := other.claim(t.Context(), so.id, names[2:3]); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	a.buckets[0] = known{lease: theirs}
+	a.mu.Unlock()
+	reads.Store(0)
+	got, _, err = a.claim(t.Context(), sa.id, names[3:4])
+	if err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim from a version behind = %+v, %v", got, err)
+	}
+	if n := reads.Load(); n != 1 {
+		t.Errorf("claim from a version behind read the bucket %d times, want one (after the conflict)", n)
+	}
+}
+
+// A member whose bucket count differs from a live member's is refused at
+// begin, with an error naming that member and its count, and leaves no
+// Lease behind.
+func TestBackendRefusesAnotherBucketCount(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	first := backendOn(t, c, g, "r0", replicaConfig(c, nil))
+	if _, err := first.begin(t.Context(), 0, testD, "digest"); err != nil {
+		t.Fatal(err)
+	}
+	wider, err := newGroup(nil, nil, g.name, 8, testD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := backendOn(t, c, wider, "r1", replicaConfig(c, nil))
+	_, err = second.begin(t.Context(), 0, testD, "digest")
+	if !errors.Is(err, errBucketCount) || !strings.Contains(err.Error(), g.memberName("r0")+" has 4 buckets") {
+		t.Fatalf("begin with 8 buckets beside a member with 4: %v, want errBucketCount naming it", err)
+	}
+	if _, found, err := second.memberSession(t.Context()); err != nil || found {
+		t.Errorf("the refused member's Lease: found %v, %v; want none", found, err)
+	}
+}
+
+// A crashed replica's names go to their new owners in one write per
+// bucket, the buckets split over the survivors: each rewrites the
+// buckets it owns (bucketOwner), once its own observer counts the crashed
+// session ended (the one that proved it, and the one whose feed brought
+// that proof's delete), and not before.
+func TestBackendTakeOverSplitsTheBucketsOverTheSurvivors(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 16, nil)
+	ids := []string{"r0", "r1", "r2"}
+	backends := map[string]*kubeBackend{}
+	sessions := map[string]seamSession{}
+	identities := map[string]string{}
+	for _, id := range ids {
+		b := backendOn(t, c, g, id, replicaConfig(c, nil))
+		s, err := b.begin(t.Context(), 0, testD, "digest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		backends[id], sessions[id], identities[id] = b, s, b.live(s.id).identity
+	}
+	survivors := []string{"r0", "r1"}
+	for _, id := range survivors {
+		runBackend(t, backends[id])
+		stop := renewing(backends[id].live(sessions[id].id))
+		t.Cleanup(func() { _, _ = stop() })
+	}
+	var names []string
+	for k := range 200 {
+		names = append(names, "name-"+string(rune('a'+k%26))+strings.Repeat("x", k/26))
+	}
+	crashedNames := map[string]bool{}
+	for _, id := range ids {
+		var mine []string
+		for _, n := range names {
+			if scaleOwner(n, ids) == id {
+				mine = append(mine, n)
+			}
+		}
+		if id == "r2" {
+			for _, n := range mine {
+				crashedNames[n] = true
+			}
+		}
+		if got, _, err := backends[id].claim(t.Context(), sessions[id].id, mine); err != nil || len(got) != len(mine) {
+			t.Fatalf("%s's claim of its %d names: %d, %v", id, len(mine), len(got), err)
+		}
+	}
+	// r2 crashes: it never renews. Until a survivor counts it ended,
+	// takeOver writes nothing.
+	ownerOf := func(n string) string { return scaleOwner(n, survivors) }
+	waitFor(t, 5*time.Second, "both survivors' feeds show the three members", func() bool {
+		return len(backends["r0"].liveMembers()) == 3 && len(backends["r1"].liveMembers()) == 3
+	})
+	for _, id := range survivors {
+		if n, err := backends[id].takeOver(t.Context(), sessions[id].id, ownerOf); err != nil || n != 0 {
+			t.Fatalf("%s's takeOver while r2 is live: %d buckets, %v; want none", id, n, err)
+		}
+	}
+	waitFor(t, 3*testD, "both survivors count r2 ended", func() bool {
+		return backends["r0"].o.ended(identities["r2"]) && backends["r1"].o.ended(identities["r2"])
+	})
+	wrote := map[string]int{}
+	for _, id := range survivors {
+		n, err := backends[id].takeOver(t.Context(), sessions[id].id, ownerOf)
+		if err != nil {
+			t.Fatalf("%s's takeOver: %v", id, err)
+		}
+		wrote[id] = n
+	}
+	live := map[string]string{"r0": identities["r0"], "r1": identities["r1"]}
+	withCrashed := 0
+	for i := range g.buckets {
+		claims, l := bucketNow(t, c, g, i)
+		had := false
+		for n, e := range claims {
+			if !crashedNames[n] {
+				continue
+			}
+			had = true
+			if want := identities[ownerOf(n)]; e.session != want {
+				t.Errorf("r2's %s is held by %s, want its new owner %s", n, e.session, want)
+			}
+		}
+		if had {
+			withCrashed++
+			if owner := bucketOwner(i, live); holder(l) != identities[owner] {
+				t.Errorf("bucket %d was last written by %s, want its owner %s", i, holder(l), owner)
+			}
+		}
+	}
+	if wrote["r0"] == 0 || wrote["r1"] == 0 || wrote["r0"]+wrote["r1"] != withCrashed {
+		t.Errorf("the survivors wrote %v buckets; want both some, %d in all (one per bucket that held r2's names)", wrote, withCrashed)
+	}
+}
+
+// Rendezvous hashing spreads the buckets evenly over members whose IDs
+// differ in one byte: of 256 buckets over r0 … r2, each owns between a
+// fifth and a half, and a member's leaving moves only its own.
+func TestBucketOwnerSpreadsEvenly(t *testing.T) {
+	all := map[string]string{"r0": "", "r1": "", "r2": ""}
+	two := map[string]string{"r0": "", "r1": ""}
+	owned := map[string]int{}
+	for i := range 256 {
+		o := bucketOwner(i, all)
+		owned[o]++
+		if o != "r2" && bucketOwner(i, two) != o {
+			t.Errorf("bucket %d moved from %s when r2 left", i, o)
+		}
+	}
+	for id := range all {
+		if owned[id] < 256/5 || owned[id] > 256/2 {
+			t.Errorf("%s owns %d of 256 buckets: %v", id, owned[id], owned)
+		}
+	}
+}
