@@ -72,6 +72,12 @@ type claimChange struct {
 	claim   []string          // names for this writer to hold
 	release []string          // names this writer holds, to free
 	give    map[string]string // names to hold by another session: name → session
+	// othersOnly makes give leave the writer's own names alone: a
+	// takeover gives only names free or held by ended sessions, since
+	// the writer may be running a name it holds (it claimed it, or was
+	// handed it, after the takeover was planned); its own names are
+	// handed over only once their controllers stopped (rule 7).
+	othersOnly bool
 	// drop frees names whose entry still has the given token, whoever
 	// holds them: name → token. A token names one holding of a name (it
 	// grows from one holder of the name to the next), so a holding that
@@ -93,7 +99,7 @@ type claimChange struct {
 //
 //	                    claim by me      release by me   give to s
 //	free                me               -               s
-//	held by me          me (unchanged)   free            s (hand-over)
+//	held by me          me (unchanged)   free            s (hand-over; - if othersOnly)
 //	held by ended x     me               -               s (takeover)
 //	held by live x      -  (not got)     -               -
 //
@@ -140,7 +146,7 @@ func (c bucketClaims) apply(me string, ch claimChange, ended func(session string
 	}
 	for _, name := range slices.Sorted(maps.Keys(ch.give)) {
 		s := ch.give[name]
-		if h, ok := takeable(name); ok && h.session != s {
+		if h, ok := takeable(name); ok && h.session != s && !(ch.othersOnly && h.session == me) {
 			c[name] = entry{session: s, token: token}
 			changed = true
 		}

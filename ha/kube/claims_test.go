@@ -63,6 +63,7 @@ func TestClaimsApply(t *testing.T) {
 		{"release a name held elsewhere: nothing", claimChange{release: []string{"live", "ended", "free"}}, nil, false, nil},
 		{"give a name held here (hand-over)", claimChange{give: map[string]string{"mine": "next"}}, nil, true,
 			bucketClaims{"mine": {"next", 9}}},
+		{"give a name held here in a takeover: nothing", claimChange{give: map[string]string{"mine": "next"}, othersOnly: true}, nil, false, nil},
 		{"give a free name", claimChange{give: map[string]string{"free": "next"}}, nil, true,
 			bucketClaims{"free": {"next", 9}}},
 		{"give an ended session's name (takeover)", claimChange{give: map[string]string{"ended": "next"}}, nil, true,

@@ -69,8 +69,11 @@ func bucketScore(id string, i int) uint64 {
 // share moves in one write per bucket, the writes split over the
 // survivors, each counting the end as soon as its own observer does:
 // the one whose guarded delete proved it, or one whose feed brought that
-// deletion after the versions it stamped (observe.go). It answers the
-// number of buckets written.
+// deletion after the versions it stamped (observe.go). A name the
+// bucket gives to this session by the time it writes (claimed here, or
+// handed over by another survivor, since the version planned from) is
+// left as it is (claimChange.othersOnly). It answers the number of
+// buckets written.
 func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(name string) string) (int, error) {
 	s := b.live(id)
 	if s == nil {
@@ -114,7 +117,7 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 	}
 	b.each(buckets, func(i int) {
 		p := byIndex[i]
-		res, err := b.g.change(ctx, b.o, i, claimChange{give: p.give}, s.writer(), &p.from)
+		res, err := b.g.change(ctx, b.o, i, claimChange{give: p.give, othersOnly: true}, s.writer(), &p.from)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {

@@ -1,0 +1,85 @@
+// Review cases of kubeBackend's calls on the real API server: each
+// checks one way a hostile schedule could give a name two holders, or
+// leave a holding behind, and fails if the backend lets it.
+
+package kube
+
+import (
+	"context"
+	"errors"
+	"testing"
+)
+
+// beginOn begins a session of b's member, or fails the test.
+func beginOn(t *testing.T, b *kubeBackend) seamSession {
+	t.Helper()
+	s, err := b.begin(t.Context(), 0, testD, "digest")
+	if err != nil {
+		t.Fatalf("begin %s: %v", b.id, err)
+	}
+	return s
+}
+
+// keepRenewing renews session s of b every D/4 until the test ends.
+func keepRenewing(t *testing.T, b *kubeBackend, s seamSession) {
+	t.Helper()
+	stop := renewing(b.live(s.id))
+	t.Cleanup(func() { _, _ = stop() })
+}
+
+// A survivor's takeOver gives away only names held by ended sessions,
+// never one the survivor holds itself: its controller may be running it.
+// Here survivor a plans the takeover of bucket i from a version its feed
+// brought while crashed x held name n, and by the time it writes, a
+// holds n itself (its own claim, or another survivor's hand-over, came
+// between: the update conflicts and a reads the bucket again). The name
+// must stay a's, not go to c, which would then run it beside a.
+func TestReviewTakeOverLeavesTheWritersOwnNames(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	a := backendOn(t, c, g, "a", replicaConfig(c, nil))
+	other := backendOn(t, c, g, "c", replicaConfig(c, nil))
+	x := backendOn(t, c, g, "x", replicaConfig(c, nil))
+	sa, sc, sx := beginOn(t, a), beginOn(t, other), beginOn(t, x)
+	i := 0
+	for bucketOwner(i, map[string]string{"a": "", "c": ""}) != "a" {
+		i++
+	}
+	n := namesIn(g, i, 1)[0]
+	if got, _, err := x.claim(t.Context(), sx.id, []string{n}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("x's claim of %s = %+v, %v", n, got, err)
+	}
+	xIdentity, aIdentity := x.live(sx.id).identity, a.live(sa.id).identity
+	keepRenewing(t, a, sa)
+	keepRenewing(t, other, sc)
+	// x crashes: a's observer proves it ended. Then a's feed stops, so
+	// that the version of bucket i it planned from stays as it was.
+	ctx, stopFeed := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- a.run(ctx) }() // joined below
+	waitFor(t, 3*testD, "a counts x ended and sees a and c live", func() bool {
+		m := a.liveMembers()
+		return a.o.ended(xIdentity) && len(m) == 2 && m["a"] != "" && m["c"] != ""
+	})
+	stopFeed()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a's run: %v", err)
+	}
+	stale := a.known(i)
+	if stale == nil || stale.lease == nil {
+		t.Fatalf("a's feed brought no version of bucket %d", i)
+	}
+	if got, _, err := a.claim(t.Context(), sa.id, []string{n}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("a's claim of crashed x's %s = %+v, %v; want ours", n, got, err)
+	}
+	a.mu.Lock()
+	a.buckets[i] = *stale // the version takeOver plans from: before a's claim landed
+	a.mu.Unlock()
+	if _, err := a.takeOver(t.Context(), sa.id, func(string) string { return "c" }); err != nil {
+		t.Fatalf("takeOver: %v", err)
+	}
+	if claims, _ := bucketNow(t, c, g, i); claims[n].session != aIdentity {
+		t.Errorf("after a's takeOver, %s is held by %q; want a's own holding (%s) left alone", n, claims[n].session, aIdentity)
+	}
+}
