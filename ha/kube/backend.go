@@ -207,8 +207,12 @@ func (b *kubeBackend) request(parent context.Context) (context.Context, context.
 
 // begin creates this replica's member Lease, carrying digest, for a new
 // session (group.beginWith). If prev is a live session of this backend,
-// its Lease is deleted first (guarded by its own last write, so only
-// while it is still prev's): the record moves to the new session. A
+// its entries are removed (removeEntries) and its Lease deleted first
+// (guarded by its own last write, so only while it is still prev's): the
+// record moves to the new session, and prev's holdings go with prev at
+// once, as end's would (the caller begins from prev only once every
+// controller of prev terminated, and its end of prev that follows
+// answers errSessionEnded). A
 // member Lease of another session, or of prev no longer known here,
 // refuses begin with errDuplicateSession, unless this replica's observer
 // proves it ended: a Lease it finds is stamped, and one found unchanged
@@ -222,6 +226,7 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 		return seamSession{}, fmt.Errorf("kube: a session of %v asked for, longer than the group's lease duration %v", ttl, b.g.duration)
 	}
 	if p := b.live(prev); p != nil {
+		b.removeEntries(ctx, prev, p)
 		rctx, cancel := b.request(ctx)
 		err := p.end(rctx)
 		cancel()
@@ -327,16 +332,30 @@ func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 }
 
 // end removes session id's entries from every bucket it wrote them into
-// (best effort: on an error it goes on; an entry left names a session
-// whose Lease is gone, which the others take once their observers count
-// it ended), then deletes its member Lease (session.end). Entries of
-// names handed over to the session by others, which it never wrote, are
-// removed if the feed brought their bucket.
+// (removeEntries; best effort: on an error it goes on; an entry left
+// names a session whose Lease is gone, which the others take once their
+// observers count it ended), then deletes its member Lease
+// (session.end). Entries of names handed over to the session by others,
+// which it never wrote, are removed if the feed brought their bucket.
 func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
 	s := b.live(id)
 	if s == nil {
 		return b.ended(id)
 	}
+	b.removeEntries(ctx, id, s)
+	err := s.end(ctx)
+	b.forget(id)
+	if errors.Is(err, errSessionLost) {
+		return fmt.Errorf("%w: %w", errSessionEnded, err)
+	}
+	return err
+}
+
+// removeEntries removes session s's entries (id its sessionID) from
+// every bucket it wrote them into, and from every bucket the feed showed
+// it in, each write bounded as request's are and by ctx; best effort: a
+// bucket that fails is logged at Debug and left.
+func (b *kubeBackend) removeEntries(ctx context.Context, id sessionID, s *session) {
 	b.mu.Lock()
 	var buckets []int
 	for i := range b.wrote[id] {
@@ -371,12 +390,6 @@ func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
 		}
 		b.remember(i, res.lease)
 	})
-	err := s.end(ctx)
-	b.forget(id)
-	if errors.Is(err, errSessionLost) {
-		return fmt.Errorf("%w: %w", errSessionEnded, err)
-	}
-	return err
 }
 
 // heldIn returns the names c gives to session identity, sorted.

@@ -83,3 +83,34 @@ func TestReviewTakeOverLeavesTheWritersOwnNames(t *testing.T) {
 		t.Errorf("after a's takeOver, %s is held by %q; want a's own holding (%s) left alone", n, claims[n].session, aIdentity)
 	}
 }
+
+// begin from prev moves the member record, and prev's holdings go with
+// prev at once, as end's would: the shared part begins from prev only
+// once every controller of prev terminated, and its end of prev that
+// follows answers errSessionEnded. Another replica then claims a name
+// prev held at once, not D after its observer found prev's Lease gone.
+func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	st := newKubeStore(t, c)
+	a, s1 := kubeBegin(t, st, "r0")
+	x := namesIn(st.g, 0, 1)[0]
+	if got, _, err := a.claim(t.Context(), s1.id, []string{x}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of %s = %+v, %v", x, got, err)
+	}
+	s2, err := a.begin(t.Context(), s1.id, testD, "digest")
+	if err != nil {
+		t.Fatalf("begin from prev: %v", err)
+	}
+	defer func() { _ = a.end(t.Context(), s2.id) }()
+	if err := a.end(t.Context(), s1.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("end of prev after begin moved the record: %v, want errSessionEnded", err)
+	}
+	b, sb := kubeBegin(t, st, "r1")
+	defer func() { _ = b.end(t.Context(), sb.id) }()
+	got, _, err := b.claim(t.Context(), sb.id, []string{x})
+	if err != nil || len(got) != 1 || !got[0].ok {
+		claims, _ := bucketNow(t, c, st.g, 0)
+		t.Errorf("r1's claim of %s, which r0's previous session held, right after r0 began from it = %+v, %v; want ours (bucket: %v)", x, got, err, claims)
+	}
+}
