@@ -508,7 +508,8 @@ func (b *kubeBackend) claimCost(name string) int { return len(name) + 8 }
 // next.
 //
 // No entry is written under a session lost or ended as far as its own
-// writes know. One written while an observer deleted the session's Lease
+// writes know, or past its validity (session.claimWriter). One sent
+// before and committed while an observer deleted the session's Lease
 // may land; so the answer is checked against the session's validity (the
 // last renewal's send time + D) when it comes, and a claim answered past
 // it fails: the caller's fence passed before, and the others take those
@@ -532,7 +533,7 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 			}
 		}
 	}), func(i int) {
-		res, err := b.g.change(ctx, b.o, i, claimChange{claim: byBucket[i]}, s.writer(), b.known(i))
+		res, err := b.g.change(ctx, b.o, i, claimChange{claim: byBucket[i]}, s.claimWriter(), b.known(i))
 		if err == nil {
 			b.remember(i, res.lease)
 			b.noteWrote(id, i)

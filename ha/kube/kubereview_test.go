@@ -114,3 +114,41 @@ func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
 		t.Errorf("r1's claim of %s, which r0's previous session held, right after r0 began from it = %+v, %v; want ours (bucket: %v)", x, got, err, claims)
 	}
 }
+
+// A claimer paused past its session's validity, whose session the
+// others' observers have proven ended since, writes nothing when it
+// wakes: its write from the version it knew conflicts (the bucket was
+// written since), and the write it would retry from a new read is
+// refused before it is sent. An entry written then would name a session
+// whose Lease is gone, and keep the name from a replica that never saw
+// that session for D; and its answer is refused all the same.
+func TestReviewPausedClaimerWritesNothingAfterTheProof(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	st := newKubeStore(t, c)
+	a, sa := kubeBegin(t, st, "r0")
+	names := namesIn(st.g, 0, 3)
+	if got, _, err := a.claim(t.Context(), sa.id, names[:1]); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("claim of %s = %+v, %v", names[0], got, err)
+	}
+	identity := a.live(sa.id).identity
+	// r0 pauses: it never renews, and the watcher proves its session
+	// ended; another replica writes the bucket since.
+	waitFor(t, 3*testD, "the watcher deletes r0's member Lease", func() bool {
+		_, found, err := a.memberSession(t.Context())
+		return err == nil && !found
+	})
+	b, sb := kubeBegin(t, st, "r1")
+	defer func() { _ = b.end(t.Context(), sb.id) }()
+	if got, _, err := b.claim(t.Context(), sb.id, names[1:2]); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("r1's claim of %s = %+v, %v", names[1], got, err)
+	}
+	// r0 wakes and claims.
+	got, _, err := a.claim(t.Context(), sa.id, names[2:])
+	if err == nil {
+		t.Errorf("r0's claim after its session was proven ended = %+v; want refused", got)
+	}
+	if claims, _ := bucketNow(t, c, st.g, 0); claims[names[2]].session == identity {
+		t.Errorf("r0's claim after its session was proven ended wrote %s under it: %v", names[2], claims)
+	}
+}
