@@ -472,7 +472,12 @@ func (b *kubeBackend) memberSession(ctx context.Context) (sessionID, bool, error
 // timeLeft reads the member Lease with a quorum read: if it is still as
 // the session's last write left it, the session lives until that write's
 // send time + D (left, counted on this replica's clock), and granted is
-// D. A Lease gone or written by another since is errSessionEnded.
+// D. A version of the Lease older than that write (same UID, a smaller
+// resourceVersion) counts as the same: the read was answered before a
+// renewal of the session that was answered before the comparison, and
+// every version between the create and the session's last write is one
+// of its own, each guarded by the one before. A Lease gone or written by
+// another since is errSessionEnded.
 func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
 	s := b.live(id)
 	if s == nil {
@@ -483,7 +488,7 @@ func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 		return 0, 0, fmt.Errorf("kube: reading %s: %w", s.name, err)
 	}
 	s.mu.Lock()
-	same := err == nil && l.UID == s.lease.UID && l.ResourceVersion == s.lease.ResourceVersion
+	same := err == nil && l.UID == s.lease.UID && (l.ResourceVersion == s.lease.ResourceVersion || (rvOf(l) > 0 && rvOf(l) < rvOf(s.lease)))
 	valid := s.valid
 	s.mu.Unlock()
 	if !same {

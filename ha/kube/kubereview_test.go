@@ -7,7 +7,12 @@ package kube
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // beginOn begins a session of b's member, or fails the test.
@@ -150,5 +155,48 @@ func TestReviewPausedClaimerWritesNothingAfterTheProof(t *testing.T) {
 	}
 	if claims, _ := bucketNow(t, c, st.g, 0); claims[names[2]].session == identity {
 		t.Errorf("r0's claim after its session was proven ended wrote %s under it: %v", names[2], claims)
+	}
+}
+
+// slowReads holds back the answer of every GET of a member Lease by
+// delay, once it came from the server.
+type slowReads struct {
+	rt    http.RoundTripper
+	delay atomic.Int64 // nanoseconds
+}
+
+// RoundTrip sends req, and holds a member Lease's GET answer back.
+func (r *slowReads) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.rt.RoundTrip(req)
+	if req.Method == http.MethodGet && strings.Contains(req.URL.Path, memberInfix) {
+		time.Sleep(time.Duration(r.delay.Load()))
+	}
+	return resp, err
+}
+
+// timeLeft of a live session is never errSessionEnded, however its read
+// and the session's own renewal interleave: here the read is answered
+// with the version before a renewal, and the renewal is answered before
+// timeLeft compares that version with the session's last write.
+func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	cfg := replicaConfig(c, nil)
+	slow := &slowReads{}
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { slow.rt = rt; return slow }
+	b := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+	s := beginOn(t, b)
+	defer func() { _ = b.end(t.Context(), s.id) }()
+	slow.delay.Store(int64(time.Second))
+	left := make(chan error, 1)
+	go func() { _, _, err := b.timeLeft(t.Context(), s.id); left <- err }() // joined below
+	// The read is answered, and held back; the renewal is not.
+	time.Sleep(testD / 8)
+	if _, err := b.renew(t.Context(), s.id); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if err := <-left; err != nil {
+		t.Errorf("timeLeft of a live session read just before its renewal: %v, want its time left", err)
 	}
 }
