@@ -200,3 +200,54 @@ func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
 		t.Errorf("timeLeft of a live session read just before its renewal: %v, want its time left", err)
 	}
 }
+
+// A replica paused past its session's proven end, whose names another
+// replica took meanwhile, wakes, ends its session and releases a
+// holding of it: neither touches the newer holding of the name, which is
+// at a later position; its end removes what is still its own and
+// answers errSessionEnded.
+func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	st := newKubeStore(t, c)
+	a, sa := kubeBegin(t, st, "r0")
+	names := namesIn(st.g, 0, 2)
+	x, y := names[0], names[1]
+	got, _, err := a.claim(t.Context(), sa.id, names)
+	if err != nil || len(got) != 2 || !got[0].ok || !got[1].ok {
+		t.Fatalf("claim of %v = %+v, %v", names, got, err)
+	}
+	old := Claim{Key: x, Revision: kubeClaimedBy(got)[x].rev}
+	// r0 pauses; the watcher proves its session ended, and r1 takes x.
+	waitFor(t, 3*testD, "the watcher deletes r0's member Lease", func() bool {
+		_, found, err := a.memberSession(t.Context())
+		return err == nil && !found
+	})
+	b, sb := kubeBegin(t, st, "r1")
+	keepRenewing(t, b, sb)
+	var taken claimed
+	waitFor(t, 3*testD, "r1 takes x from r0's ended session", func() bool {
+		got, _, err := b.claim(t.Context(), sb.id, []string{x})
+		if err == nil && len(got) == 1 && got[0].ok {
+			taken = got[0]
+		}
+		return taken.ok
+	})
+	if taken.rev <= old.Revision {
+		t.Errorf("r1's holding of %s at position %d, r0's was at %d: want a later one", x, taken.rev, old.Revision)
+	}
+	// r0 wakes, its version of the bucket the one it wrote.
+	if err := a.end(t.Context(), sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("r0's late end: %v, want errSessionEnded", err)
+	}
+	if err := a.release(t.Context(), old); err != nil {
+		t.Errorf("r0's late release: %v", err)
+	}
+	claims, _ := bucketNow(t, c, st.g, 0)
+	if e, ok := claims[x]; !ok || e.session != b.live(sb.id).identity || e.token != taken.token {
+		t.Errorf("after r0's late release and end, %s is %+v (held %v); want r1's holding, token %d", x, e, ok, taken.token)
+	}
+	if e, ok := claims[y]; ok {
+		t.Errorf("after r0's late end, %s is still held: %+v", y, e)
+	}
+}
