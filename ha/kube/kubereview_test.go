@@ -120,6 +120,31 @@ func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
 	}
 }
 
+// pausedHolder begins r0 in a store of its own, has it claim the first
+// held of held+more names of bucket 0 (all returned), and returns once
+// r0 paused: it never renews, and the store's watcher proved its
+// session ended (deleted its member Lease). got is the claim's answer.
+func pausedHolder(t *testing.T, c *cluster, held, more int) (st kubeStore, a *kubeBackend, sa seamSession, names []string, got []claimed) {
+	t.Helper()
+	st = newKubeStore(t, c)
+	a, sa = kubeBegin(t, st, "r0")
+	names = namesIn(st.g, 0, held+more)
+	got, _, err := a.claim(t.Context(), sa.id, names[:held])
+	if err != nil || len(got) != held {
+		t.Fatalf("claim of %v = %+v, %v", names[:held], got, err)
+	}
+	for _, g := range got {
+		if !g.ok {
+			t.Fatalf("claim of %v = %+v, want all ours", names[:held], got)
+		}
+	}
+	waitFor(t, 3*testD, "the watcher deletes r0's member Lease", func() bool {
+		_, found, err := a.memberSession(t.Context())
+		return err == nil && !found
+	})
+	return st, a, sa, names, got
+}
+
 // A claimer paused past its session's validity, whose session the
 // others' observers have proven ended since, writes nothing when it
 // wakes: its write from the version it knew conflicts (the bucket was
@@ -130,19 +155,9 @@ func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
 func TestReviewPausedClaimerWritesNothingAfterTheProof(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
-	st := newKubeStore(t, c)
-	a, sa := kubeBegin(t, st, "r0")
-	names := namesIn(st.g, 0, 3)
-	if got, _, err := a.claim(t.Context(), sa.id, names[:1]); err != nil || len(got) != 1 || !got[0].ok {
-		t.Fatalf("claim of %s = %+v, %v", names[0], got, err)
-	}
+	st, a, sa, names, _ := pausedHolder(t, c, 1, 2)
 	identity := a.live(sa.id).identity
-	// r0 pauses: it never renews, and the watcher proves its session
-	// ended; another replica writes the bucket since.
-	waitFor(t, 3*testD, "the watcher deletes r0's member Lease", func() bool {
-		_, found, err := a.memberSession(t.Context())
-		return err == nil && !found
-	})
+	// Another replica writes the bucket since.
 	b, sb := kubeBegin(t, st, "r1")
 	defer func() { _ = b.end(t.Context(), sb.id) }()
 	if got, _, err := b.claim(t.Context(), sb.id, names[1:2]); err != nil || len(got) != 1 || !got[0].ok {
@@ -209,20 +224,10 @@ func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
 func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
-	st := newKubeStore(t, c)
-	a, sa := kubeBegin(t, st, "r0")
-	names := namesIn(st.g, 0, 2)
+	st, a, sa, names, got := pausedHolder(t, c, 2, 0)
 	x, y := names[0], names[1]
-	got, _, err := a.claim(t.Context(), sa.id, names)
-	if err != nil || len(got) != 2 || !got[0].ok || !got[1].ok {
-		t.Fatalf("claim of %v = %+v, %v", names, got, err)
-	}
 	old := Claim{Key: x, Revision: kubeClaimedBy(got)[x].rev}
-	// r0 pauses; the watcher proves its session ended, and r1 takes x.
-	waitFor(t, 3*testD, "the watcher deletes r0's member Lease", func() bool {
-		_, found, err := a.memberSession(t.Context())
-		return err == nil && !found
-	})
+	// r1 takes x.
 	b, sb := kubeBegin(t, st, "r1")
 	keepRenewing(t, b, sb)
 	var taken claimed
