@@ -212,7 +212,8 @@ func (b *kubeBackend) request(parent context.Context) (context.Context, context.
 // record moves to the new session, and prev's holdings go with prev at
 // once, as end's would (the caller begins from prev only once every
 // controller of prev terminated, and its end of prev that follows
-// answers errSessionEnded). A
+// answers errSessionEnded); a delete that fails otherwise (a timeout)
+// fails begin and keeps prev, for the next begin from it. A
 // member Lease of another session, or of prev no longer known here,
 // refuses begin with errDuplicateSession, unless this replica's observer
 // proves it ended: a Lease it finds is stamped, and one found unchanged
@@ -230,10 +231,12 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 		rctx, cancel := b.request(ctx)
 		err := p.end(rctx)
 		cancel()
-		b.forget(prev)
 		if err != nil && !errors.Is(err, errSessionLost) {
+			// prev is kept: the next begin from it deletes its Lease
+			// at once, rather than wait D to prove it ended.
 			return seamSession{}, fmt.Errorf("kube: ending the previous session to move the member record: %w", err)
 		}
+		b.forget(prev)
 	}
 	annotations := map[string]string{memberAnnotation: memberValue(b.id, digest, false)}
 	for try := 0; ; try++ {

@@ -256,3 +256,42 @@ func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 		t.Errorf("after r0's late end, %s is still held: %+v", y, e)
 	}
 }
+
+// failDeletes fails the next n DELETE requests of member Leases without
+// sending them, as a connection that drops would.
+type failDeletes struct {
+	rt http.RoundTripper
+	n  atomic.Int64
+}
+
+// RoundTrip fails req if it deletes a member Lease and failures are
+// left, else sends it.
+func (f *failDeletes) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodDelete && strings.Contains(req.URL.Path, memberInfix) && f.n.Add(-1) >= 0 {
+		return nil, errors.New("connection reset before the request was sent")
+	}
+	return f.rt.RoundTrip(req)
+}
+
+// begin from prev that fails to delete prev's Lease (the request never
+// reached the server) keeps prev: the next begin from prev deletes it
+// and begins at once, rather than waiting D to prove prev ended.
+func TestReviewBeginFromPrevKeepsPrevOnATransientError(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	cfg := replicaConfig(c, nil)
+	fail := &failDeletes{}
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { fail.rt = rt; return fail }
+	b := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+	s1 := beginOn(t, b)
+	fail.n.Store(1)
+	if _, err := b.begin(t.Context(), s1.id, testD, "digest"); err == nil {
+		t.Fatal("begin from prev whose delete failed: no error")
+	}
+	s2, err := b.begin(t.Context(), s1.id, testD, "digest")
+	if err != nil {
+		t.Fatalf("begin from prev again, at once: %v", err)
+	}
+	_ = b.end(t.Context(), s2.id)
+}
