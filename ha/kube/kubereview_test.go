@@ -173,6 +173,18 @@ func TestReviewPausedClaimerWritesNothingAfterTheProof(t *testing.T) {
 	}
 }
 
+// backendThrough marks t parallel and returns the backend of r0 in a
+// group of its own, its requests through the transport wrap makes.
+func backendThrough(t *testing.T, wrap func(http.RoundTripper) http.RoundTripper) *kubeBackend {
+	t.Helper()
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	cfg := replicaConfig(c, nil)
+	cfg.WrapTransport = wrap
+	return newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+}
+
 // slowReads holds back the answer of every GET of a member Lease by
 // delay, once it came from the server.
 type slowReads struct {
@@ -194,13 +206,8 @@ func (r *slowReads) RoundTrip(req *http.Request) (*http.Response, error) {
 // with the version before a renewal, and the renewal is answered before
 // timeLeft compares that version with the session's last write.
 func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
-	t.Parallel()
-	c := needCluster(t)
-	g := newTestGroup(t, c, 4, nil)
-	cfg := replicaConfig(c, nil)
 	slow := &slowReads{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { slow.rt = rt; return slow }
-	b := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+	b := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { slow.rt = rt; return slow })
 	s := beginOn(t, b)
 	defer func() { _ = b.end(t.Context(), s.id) }()
 	slow.delay.Store(int64(time.Second))
@@ -277,13 +284,8 @@ func (f *failDeletes) RoundTrip(req *http.Request) (*http.Response, error) {
 // reached the server) keeps prev: the next begin from prev deletes it
 // and begins at once, rather than waiting D to prove prev ended.
 func TestReviewBeginFromPrevKeepsPrevOnATransientError(t *testing.T) {
-	t.Parallel()
-	c := needCluster(t)
-	g := newTestGroup(t, c, 4, nil)
-	cfg := replicaConfig(c, nil)
 	fail := &failDeletes{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { fail.rt = rt; return fail }
-	b := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+	b := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { fail.rt = rt; return fail })
 	s1 := beginOn(t, b)
 	fail.n.Store(1)
 	if _, err := b.begin(t.Context(), s1.id, testD, "digest"); err == nil {
