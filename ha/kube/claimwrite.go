@@ -111,28 +111,6 @@ type writer struct {
 // once it is lost or ended.
 func (s *session) writer() writer { return writer{identity: s.identity, check: s.stateErr} }
 
-// claimWriter is writer, for claims: they stop also once the session is
-// past its validity (its last successful write's send time + D). By
-// then the caller's fence has passed, and an observer may have proven
-// the session ended: an entry written after a conflict's new read would
-// name a session whose Lease may be gone, keeping the name from a
-// replica that never saw the session for D. (A write sent before and
-// committed after is not stopped: its answer comes past the validity,
-// and claim refuses it.)
-func (s *session) claimWriter() writer {
-	return writer{identity: s.identity, check: func() error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err := s.stateErrLocked(); err != nil {
-			return err
-		}
-		if !time.Now().Before(s.valid) {
-			return fmt.Errorf("kube: session %s is past its validity", s.identity)
-		}
-		return nil
-	}}
-}
-
 // known is a version of a bucket Lease the caller has already seen (the
 // feed's, or its own last write's): lease, or nil when the bucket was
 // known absent.
