@@ -108,8 +108,9 @@ func (f *kubeFeed) stop() { f.cancel() }
 // run is the feed's loop: it takes in each change of the watch (the
 // observer, the backend's bucket versions, the view), delivers what it
 // changed, and every D/8 has the observer prove due sessions ended
-// (proveDue) and delivers the ends it counts. A watch that fails, a
-// bucket that does not decode, fail the feed.
+// (proveDue) and delivers the ends it counts. A watch that fails or
+// expires (errHistoryExpired), a bucket that does not decode, fail the
+// feed.
 func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, failed <-chan error) {
 	b := f.b
 	var v *groupView
@@ -184,12 +185,18 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 	}
 }
 
+// errHistoryExpired fails a feed whose watch's history expired (410):
+// group.feed listed again, and the listing's versions may each stand for
+// several writes. Compared with the view, two releases of one bucket
+// would come as two deletions at one position, which ha takes for a
+// session's end (its feed's contract); so the feed fails instead, and
+// ha lists again, comparing its view with the new listing as it does
+// after any gap.
+var errHistoryExpired = errors.New("kube: the group's watch history expired: list again")
+
 // take brings one change of the group's watch into the view, and
 // returns what it changed, in the order of their positions, and the
-// position the feed is at after it. A snapshot (the watch's history
-// expired, and the feed listed again) is compared whole with the view:
-// a piece Lease it lacks was deleted, at the snapshot's position at the
-// latest; a member Lease it lacks stays until its session's end.
+// position the feed is at after it. A snapshot is errHistoryExpired.
 func (v *groupView) take(ch change) ([]seamChange, int64, error) {
 	at, err := strconv.ParseInt(ch.rv, 10, 64)
 	if err != nil {
@@ -202,23 +209,7 @@ func (v *groupView) take(ch change) ([]seamChange, int64, error) {
 	case changeDelete:
 		return v.deleted(ch.lease, at), at, nil
 	}
-	var chs []seamChange
-	listed := map[string]bool{}
-	for _, l := range ch.leases {
-		listed[l.Name] = true
-		put, err := v.put(l, rvOf(l))
-		if err != nil {
-			return nil, 0, err
-		}
-		chs = append(chs, put...)
-	}
-	for name, l := range v.pieces {
-		if !listed[name] {
-			chs = append(chs, v.deleted(l, at)...)
-		}
-	}
-	slices.SortStableFunc(chs, func(a, b seamChange) int { return int(max(min(a.at-b.at, 1), -1)) })
-	return chs, at, nil
+	return nil, 0, errHistoryExpired
 }
 
 // dropOver deletes the piece Leases of sessions whose end the view has

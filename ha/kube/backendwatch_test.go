@@ -5,6 +5,7 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -160,5 +161,20 @@ func TestBackendFeedShowsAnEarlyEndOnlyDAfterTheLastStamp(t *testing.T) {
 	sameLines(t, "the feed", rec.lines, "gone r0, released "+name)
 	if due := e.since.Add(e.duration); !ok || e.proven || rec.when[0].Before(due) || rec.when[0].After(due.Add(testD)) {
 		t.Errorf("the end came at %v, the watcher counting it from %v (known %v, proven %v): want D after", rec.when[0], e.since, ok, e.proven)
+	}
+}
+
+// A listing the watch made after its history expired (410) fails the
+// feed, for ha to list again, rather than come as changes: its versions
+// may each stand for several writes, and two releases of one bucket
+// would come as two deletions at one position, a session's end to ha.
+func TestBackendFeedFailsWhenItsWatchExpires(t *testing.T) {
+	g := &group{name: "g", buckets: 4, duration: testD}
+	v, err := newGroupView(g, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chs, _, err := v.take(change{kind: changeSnapshot, rv: "7"}); !errors.Is(err, errHistoryExpired) {
+		t.Errorf("a snapshot taken into the view: %+v, %v; want errHistoryExpired", chs, err)
 	}
 }
