@@ -120,9 +120,11 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 		pos = l.at
 		b.observe(change{kind: changeSnapshot, leases: l.leases, rv: strconv.FormatInt(l.at, 10), at: l.received})
 	}
-	// changedAt is the position of the last batch that held changes:
-	// an end counted by the clock waits for the next event rather than
-	// come at that position in a second batch, up to D/2 (lateEnd).
+	// changedAt is the position of the last batch that held changes,
+	// sentAt the last batch's. An end counted by the clock while
+	// changedAt is the position reached waits for the next event, from
+	// waiting on and up to D/2, rather than come at that position in a
+	// second batch.
 	var changedAt, sentAt int64
 	var waiting time.Time
 	tick := time.NewTicker(b.g.duration / 8)
