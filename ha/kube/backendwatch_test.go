@@ -104,8 +104,8 @@ func TestBackendFeedShowsClaimsAHandOverAReleaseAndAnEnd(t *testing.T) {
 	if err := x.publish(ctx, sx.id, "dx", "", [][]byte{[]byte("set")}); err != nil {
 		t.Fatal(err)
 	}
+	crashed := time.Now() // r2 renews no more; the listing below stamps its Lease after this
 	f, from := watchFrom(t, w)
-	crashed := time.Now() // r2 renews no more
 
 	both := namesIn(g, 0, 2)
 	if _, _, err := a.claim(ctx, sa.id, both); err != nil {
