@@ -140,6 +140,7 @@ type kubeBackend struct {
 	buckets  map[int]known                    // guarded by mu: the latest version of each bucket seen (the feed, or this replica's writes and reads)
 	members  map[string]*coordinationv1.Lease // guarded by mu: the feed's member Leases, by member ID
 	wrote    map[sessionID]map[int]struct{}   // guarded by mu: the buckets each session wrote entries into, for end
+	listed   *listing                         // guarded by mu: the last listing list answered, where watch starts (backendview.go)
 }
 
 // newKubeBackend returns the backend of member id in g, its observer
@@ -371,6 +372,9 @@ func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
 		}
 		b.remember(i, res.lease)
 	})
+	if err := b.withdraw(ctx, publisherLabel+"="+memberHash(b.id)); err != nil {
+		b.log.Debug(fmt.Sprintf("kube: withdrawing the sets of %s: %v", s.identity, err))
+	}
 	err := s.end(ctx)
 	b.forget(id)
 	if errors.Is(err, errSessionLost) {
