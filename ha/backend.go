@@ -28,8 +28,8 @@ import (
 // other error is the store's, transient: the caller may try again.
 //
 // The seam is being cut one group of calls at a time (etcd's is
-// etcdBackend). Still outside it, and etcd-typed: the published sets of
-// names, the watch and the listings (all through Replica.cli); the
+// etcdBackend). Still outside it, and etcd-typed: the watch and the
+// listings (through Replica.cli); the
 // revisions that order the view (session.joinedAt, claimed.hdr,
 // claimView.rev, Claim.Revision and Claim.Held); the batch limits
 // (maxClaimBatch, maxClaimBytes: etcd's defaults); and the lease IDs the
@@ -125,6 +125,32 @@ type backend interface {
 	// leaseAnswer.next). errSessionEnded: the session has ended. Bounded
 	// by ctx alone.
 	timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error)
+
+	// publish makes chunks (encodeNames) this replica's published set of
+	// names with digest, under session id, and then withdraws its set of
+	// digest old; a digest of "" publishes nothing and withdraws every
+	// set of this replica. The others read a set only once every chunk
+	// of it has come (putChunkLocked), so the chunks may be written one
+	// request each; a call that fails part way is made again whole, and
+	// a chunk written twice changes nothing. errSessionEnded: id has
+	// ended. Each of its requests is bounded by Options.RequestTimeout
+	// and by ctx.
+	publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error
+
+	// fetch reads the chunks member published of its set with digest,
+	// directly (not waiting for the feed, which brings them too), and
+	// the position it read them at: the feed brings every later change
+	// of them. No chunk: nothing is published. ctx bounds it; the
+	// caller makes it with request.
+	fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error)
+}
+
+// setChunk is one chunk of a set of names a member published: chunk i of
+// n of its set with digest.
+type setChunk struct {
+	member, digest string
+	i, n           int
+	data           []byte
 }
 
 // sessionID names one session of a backend; 0 names none. On etcd it is

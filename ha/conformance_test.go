@@ -2,7 +2,7 @@
 // against every backend: etcd's, on the real etcd the tests start and in
 // real time, and the in-memory one, inside a testing/synctest bubble,
 // exact and instant. So far the parts of the seam that are cut: sessions,
-// member records, claims and releases.
+// member records, claims and releases, published sets of names.
 
 package ha
 
@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -47,6 +49,7 @@ var conformanceCases = []struct {
 	{"ClaimOfHeldNamesReadsThem", conformClaimHeld},
 	{"ClaimsGoWithTheirSession", conformClaimsGoWithSession},
 	{"ReleaseEndsOnlyThatHolding", conformRelease},
+	{"PublishedSetReadsBackUntilWithdrawn", conformPublish},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -379,6 +382,72 @@ func conformRelease(t *testing.T, st conformanceStore) {
 	got, absent, err := a.claim(ctx, sa.id, []string{"x"})
 	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].ok || got[0].view == nil || got[0].view.holder != "r1" {
 		t.Errorf("after r0 released its old holding again, x = %+v, absent %v, %v; want still r1's", got, absent, err)
+	}
+}
+
+// readSet returns what fetch read of member's set with digest, as
+// "i/n=data" in chunk order, and the position it read at.
+func readSet(t *testing.T, b backend, member, digest string) (string, int64) {
+	t.Helper()
+	chunks, at, err := b.fetch(context.Background(), member, digest)
+	if err != nil {
+		t.Fatalf("fetch of %s's set %s: %v", member, digest, err)
+	}
+	slices.SortFunc(chunks, func(a, b setChunk) int { return a.i - b.i })
+	var out []string
+	for _, c := range chunks {
+		if c.member != member || c.digest != digest {
+			t.Errorf("fetch of %s's set %s read a chunk of %s's set %s", member, digest, c.member, c.digest)
+		}
+		out = append(out, fmt.Sprintf("%d/%d=%s", c.i, c.n, c.data))
+	}
+	return strings.Join(out, " "), at
+}
+
+// A published set reads back whole, from another replica, at a position
+// past every earlier write of the group (a claim's here); a set
+// withdrawn, replaced by another digest's, or under a session that ended
+// reads as nothing; and an ended session publishes nothing.
+func conformPublish(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	reader := st.backendFor("r1")
+	got, _, err := a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(got) != 1 {
+		t.Fatal(got, err)
+	}
+	if err := a.publish(ctx, sa.id, "d1", "", [][]byte{[]byte("a"), []byte("b")}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if set, at := readSet(t, reader, "r0", "d1"); set != "0/2=a 1/2=b" || at <= got[0].rev {
+		t.Errorf("fetch after publishing d1 = %q at %d; want 0/2=a 1/2=b, past the claim's position %d", set, at, got[0].rev)
+	}
+	if err := a.publish(ctx, sa.id, "d2", "d1", [][]byte{[]byte("c")}); err != nil {
+		t.Fatalf("publish d2 in d1's place: %v", err)
+	}
+	if set, _ := readSet(t, reader, "r0", "d1"); set != "" {
+		t.Errorf("d1 after d2 replaced it: %q, want withdrawn", set)
+	}
+	if set, _ := readSet(t, reader, "r0", "d2"); set != "0/1=c" {
+		t.Errorf("d2 = %q, want 0/1=c", set)
+	}
+	if err := a.publish(ctx, sa.id, "", "d2", nil); err != nil {
+		t.Fatalf("withdraw: %v", err)
+	}
+	if set, _ := readSet(t, reader, "r0", "d2"); set != "" {
+		t.Errorf("d2 after the withdrawal: %q, want nothing", set)
+	}
+	if err := a.publish(ctx, sa.id, "d3", "", [][]byte{[]byte("e")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if set, _ := readSet(t, reader, "r0", "d3"); set != "" {
+		t.Errorf("d3 after its session ended: %q, want gone with it", set)
+	}
+	if err := a.publish(ctx, sa.id, "d4", "", [][]byte{[]byte("f")}); !errors.Is(err, errSessionEnded) {
+		t.Errorf("publish under an ended session: %v, want errSessionEnded", err)
 	}
 }
 

@@ -25,6 +25,7 @@ type etcdBackend struct {
 	cli            *clientv3.Client
 	log            *slog.Logger
 	id             string        // Options.ID
+	keys           keys          // of Options.Prefix
 	memberKey      string        // <Prefix>/members/<ID>
 	claimPrefix    string        // <Prefix>/claims/
 	requestTimeout time.Duration // Options.RequestTimeout
@@ -41,6 +42,7 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 		cli:            cli,
 		log:            log,
 		id:             opts.ID,
+		keys:           k,
 		memberKey:      k.members + opts.ID,
 		claimPrefix:    k.claims,
 		requestTimeout: opts.RequestTimeout,
@@ -271,6 +273,48 @@ func (b *etcdBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 		return 0, 0, fmt.Errorf("%w: lease %x has expired", errSessionEnded, int64(id))
 	}
 	return time.Duration(resp.TTL) * time.Second, time.Duration(resp.GrantedTTL) * time.Second, nil
+}
+
+// publish puts each chunk under the lease, then deletes the old set's
+// keys (every set's, when digest is ""), one request each.
+func (b *etcdBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+	var ops []clientv3.Op
+	if digest != "" {
+		for i, c := range chunks {
+			ops = append(ops, clientv3.OpPut(b.keys.chunkKey(b.id, digest, i, len(chunks)), string(c), clientv3.WithLease(clientv3.LeaseID(id))))
+		}
+	}
+	mine := b.keys.names + b.id + "/"
+	switch {
+	case digest == "":
+		ops = append(ops, clientv3.OpDelete(mine, clientv3.WithPrefix()))
+	case old != "" && old != digest:
+		ops = append(ops, clientv3.OpDelete(mine+old+"/", clientv3.WithPrefix()))
+	}
+	for _, op := range ops {
+		rctx, cancel := context.WithTimeout(ctx, b.requestTimeout)
+		_, err := b.cli.Do(rctx, op)
+		cancel()
+		if err != nil {
+			return sessionErr(err)
+		}
+	}
+	return nil
+}
+
+// fetch reads the set's keys in one request, at its header's revision.
+func (b *etcdBackend) fetch(ctx context.Context, member, digest string) ([]setChunk, int64, error) {
+	resp, err := b.cli.Get(ctx, b.keys.names+member+"/"+digest+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, err
+	}
+	var chunks []setChunk
+	for _, kv := range resp.Kvs {
+		if c, ok := b.keys.parseChunk(string(kv.Key), kv.Value); ok {
+			chunks = append(chunks, c)
+		}
+	}
+	return chunks, resp.Header.Revision, nil
 }
 
 // sessionErr returns err, wrapping errSessionEnded as well when etcd

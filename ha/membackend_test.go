@@ -19,13 +19,14 @@ import (
 // replicas: what a server keeps.
 type memStore struct {
 	mu       sync.Mutex
-	next     sessionID               // the last session ID given; guarded by mu
-	sessions map[sessionID]*memLease // live sessions, and ended ones until reaped; guarded by mu
-	members  map[string]memMember    // member records, by replica ID; guarded by mu
-	claims   map[string]memClaim     // holdings, by name; guarded by mu
-	rev      int64                   // the store's revision: one more at every write; guarded by mu
-	faults   map[string]memFault     // by operation ("begin", "renew", …); guarded by mu
-	ended    []string                // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
+	next     sessionID                // the last session ID given; guarded by mu
+	sessions map[sessionID]*memLease  // live sessions, and ended ones until reaped; guarded by mu
+	members  map[string]memMember     // member records, by replica ID; guarded by mu
+	claims   map[string]memClaim      // holdings, by name; guarded by mu
+	chunks   map[memChunkKey]memChunk // published chunks; guarded by mu
+	rev      int64                    // the store's revision: one more at every write; guarded by mu
+	faults   map[string]memFault      // by operation ("begin", "renew", …); guarded by mu
+	ended    []string                 // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
 }
 
 // memLease is one session as the store has it.
@@ -49,6 +50,18 @@ type memClaim struct {
 	rev     int64  // the revision that created it
 }
 
+// memChunkKey names a published chunk, as etcd's key does.
+type memChunkKey struct {
+	member, digest string
+	i, n           int
+}
+
+// memChunk is a published chunk.
+type memChunk struct {
+	session sessionID
+	data    []byte
+}
+
 // memClaimPrefix is what Claim.Key holds before the name.
 const memClaimPrefix = "claims/"
 
@@ -69,6 +82,7 @@ func newMemStore() *memStore {
 		sessions: map[sessionID]*memLease{},
 		members:  map[string]memMember{},
 		claims:   map[string]memClaim{},
+		chunks:   map[memChunkKey]memChunk{},
 		faults:   map[string]memFault{},
 	}
 }
@@ -110,6 +124,11 @@ func (s *memStore) endLocked(id sessionID, why string) {
 	for name, c := range s.claims {
 		if c.session == id {
 			delete(s.claims, name)
+		}
+	}
+	for k, c := range s.chunks {
+		if c.session == id {
+			delete(s.chunks, k)
 		}
 	}
 	s.ended = append(s.ended, fmt.Sprintf("%s %d %s", l.member, id, why))
@@ -318,4 +337,38 @@ func (b *memBackend) release(ctx context.Context, c Claim) error {
 		}
 		return nil
 	})
+}
+
+// publish writes every chunk at one revision, and withdraws as etcd's
+// does: the old digest's chunks, or all of this member's for "".
+func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+	return b.st.call(ctx, "publish", func(time.Time) error {
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		b.st.rev++
+		for i, c := range chunks {
+			b.st.chunks[memChunkKey{b.id, digest, i, len(chunks)}] = memChunk{session: id, data: c}
+		}
+		for k := range b.st.chunks {
+			if k.member == b.id && (digest == "" || (old != digest && k.digest == old)) {
+				delete(b.st.chunks, k)
+			}
+		}
+		return nil
+	})
+}
+
+// fetch reads member's chunks of digest at the store's revision.
+func (b *memBackend) fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error) {
+	err = b.st.call(ctx, "fetch", func(time.Time) error {
+		chunks, at = nil, b.st.rev
+		for k, c := range b.st.chunks {
+			if k.member == member && k.digest == digest {
+				chunks = append(chunks, setChunk{member: member, digest: digest, i: k.i, n: k.n, data: c.data})
+			}
+		}
+		return nil
+	})
+	return chunks, at, err
 }

@@ -397,8 +397,8 @@ func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
 			if r.handed != nil {
 				r.handed[name] = struct{}{}
 			}
-		} else if rest, ok := strings.CutPrefix(key, r.keys.names); ok {
-			r.deleteChunkLocked(rest)
+		} else if c, ok := r.keys.parseChunk(key, nil); ok {
+			r.deleteChunkLocked(c)
 		}
 	}
 	r.endsLocked(ep, &ends, now)
@@ -436,8 +436,8 @@ func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
 		}
 		r.claims[name] = c
 		r.dirty[name] = struct{}{}
-	} else if rest, ok := strings.CutPrefix(key, r.keys.names); ok {
-		r.putChunkLocked(rest, kv.Value)
+	} else if c, ok := r.keys.parseChunk(key, kv.Value); ok {
+		r.putChunkLocked(c)
 	}
 }
 
