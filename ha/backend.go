@@ -28,8 +28,8 @@ import (
 // other error is the store's, transient: the caller may try again.
 //
 // The seam is being cut one group of calls at a time (etcd's is
-// etcdBackend). Still outside it, and etcd-typed: the watch and the
-// listings (through Replica.cli); the
+// etcdBackend). Still outside it, and etcd-typed: the watch (through
+// Replica.cli, its events decoded by keys.decode); the
 // revisions that order the view (session.joinedAt, claimed.hdr,
 // claimView.rev, Claim.Revision and Claim.Held); the batch limits
 // (maxClaimBatch, maxClaimBytes: etcd's defaults); and the lease IDs the
@@ -143,6 +143,50 @@ type backend interface {
 	// of them. No chunk: nothing is published. ctx bounds it; the
 	// caller makes it with request.
 	fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error)
+
+	// list reads the group as it stands at one position: every member
+	// record, holding and published chunk, as puts (change), and the
+	// position. A store may read it in pages, each at that position. Any
+	// error fails it, the position forgotten by the store between pages
+	// included: the caller lists again. ctx bounds it whole, and each of
+	// its requests is bounded by Options.RequestTimeout as well.
+	list(ctx context.Context) (records []change, at int64, err error)
+
+	// heldAt returns the names held at position at, one the store
+	// answered earlier (session.joinedAt). An error when the store
+	// cannot say any more (etcd: the revision compacted). Bounded as
+	// list is.
+	heldAt(ctx context.Context, at int64) (names map[string]bool, err error)
+}
+
+// changeKind is what a change did.
+type changeKind uint8
+
+const (
+	memberPut  changeKind = iota // a member record written
+	memberGone                   // a member record deleted
+	claimPut                     // a name held
+	claimGone                    // a holding ended
+	chunkPut                     // a chunk of a published set written
+	chunkGone                    // a chunk of a published set deleted
+)
+
+// change is one change of the group's records, or, in a listing, one
+// record as it stands (a put).
+type change struct {
+	kind changeKind
+	at   int64 // the change's position; in a listing, the record's last write's
+	// member is the member's ID (member changes) or the holder's (claim
+	// puts); name is the name (claim changes).
+	member, name string
+	// Puts of member records and claims: the session the record is
+	// under, and the position that created it (seniority in Leader mode,
+	// Claim.Revision).
+	session sessionID
+	created int64
+	digest  string   // member puts: the digest of its names ("": an earlier version's record)
+	leaving bool     // member puts: marked leaving
+	chunk   setChunk // chunk changes; data nil on deletion
 }
 
 // setChunk is one chunk of a set of names a member published: chunk i of

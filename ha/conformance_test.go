@@ -2,7 +2,7 @@
 // against every backend: etcd's, on the real etcd the tests start and in
 // real time, and the in-memory one, inside a testing/synctest bubble,
 // exact and instant. So far the parts of the seam that are cut: sessions,
-// member records, claims and releases, published sets of names.
+// member records, claims and releases, published sets of names, listings.
 
 package ha
 
@@ -50,6 +50,7 @@ var conformanceCases = []struct {
 	{"ClaimsGoWithTheirSession", conformClaimsGoWithSession},
 	{"ReleaseEndsOnlyThatHolding", conformRelease},
 	{"PublishedSetReadsBackUntilWithdrawn", conformPublish},
+	{"ListingHoldsTheGroupAtOnePosition", conformList},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -448,6 +449,73 @@ func conformPublish(t *testing.T, st conformanceStore) {
 	}
 	if err := a.publish(ctx, sa.id, "d4", "", [][]byte{[]byte("f")}); !errors.Is(err, errSessionEnded) {
 		t.Errorf("publish under an ended session: %v, want errSessionEnded", err)
+	}
+}
+
+// A listing holds every member record, holding and published chunk, as
+// they stand at its position, with the positions that created them (a
+// member record's is begin's joinedAt, a holding's its claim's); heldAt
+// answers the names held at an earlier position, holdings released
+// since included.
+func conformList(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.end(ctx, sa.id) }()
+	got, _, err := a.claim(ctx, sa.id, []string{"x", "y"})
+	if err != nil || len(got) != 2 {
+		t.Fatal(got, err)
+	}
+	claimedAt := got[0].rev
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	if err := b.publish(ctx, sb.id, "d1", "", [][]byte{[]byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.release(ctx, Claim{Key: st.claimKey("x"), Revision: claimedAt}); err != nil {
+		t.Fatal(err)
+	}
+	records, at, err := b.list(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var listed []string
+	for _, c := range records {
+		if c.at > at || c.at <= 0 {
+			t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.at, at)
+		}
+		switch c.kind {
+		case memberPut:
+			listed = append(listed, fmt.Sprintf("member %s session=%t created=%t digest=%s", c.member, c.session == sa.id || c.session == sb.id, c.created == sa.joinedAt || c.created == sb.joinedAt, c.digest))
+		case claimPut:
+			listed = append(listed, fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == claimedAt))
+		case chunkPut:
+			listed = append(listed, fmt.Sprintf("chunk %s/%s %d/%d=%s", c.chunk.member, c.chunk.digest, c.chunk.i, c.chunk.n, c.chunk.data))
+		default:
+			t.Errorf("a listing holds %+v, not a put", c)
+		}
+	}
+	slices.Sort(listed)
+	want := []string{
+		"chunk r1/d1 0/1=a",
+		"claim y by r0 session=true created=true",
+		"member r0 session=true created=true digest=digest",
+		"member r1 session=true created=true digest=digest",
+	}
+	if !slices.Equal(listed, want) {
+		t.Errorf("listing:\n%s\nwant\n%s", strings.Join(listed, "\n"), strings.Join(want, "\n"))
+	}
+	for _, q := range []struct {
+		at   int64
+		want string
+	}{
+		{sa.joinedAt, "map[]"},
+		{claimedAt, "map[x:true y:true]"},
+		{sb.joinedAt, "map[x:true y:true]"},
+		{at, "map[y:true]"},
+	} {
+		if names, err := b.heldAt(ctx, q.at); err != nil || fmt.Sprint(names) != q.want {
+			t.Errorf("heldAt(%d) = %v, %v; want %s", q.at, names, err, q.want)
+		}
 	}
 }
 

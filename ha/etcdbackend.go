@@ -29,6 +29,9 @@ type etcdBackend struct {
 	memberKey      string        // <Prefix>/members/<ID>
 	claimPrefix    string        // <Prefix>/claims/
 	requestTimeout time.Duration // Options.RequestTimeout
+	// listPage is how many keys one request of a listing reads: listPage
+	// (a constant); tests set less before Join.
+	listPage int
 	// stopping bounds the requests the backend makes on its own, outside
 	// any caller's context (ending a session begin could not complete): the
 	// replica's, which Close ends.
@@ -46,6 +49,7 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 		memberKey:      k.members + opts.ID,
 		claimPrefix:    k.claims,
 		requestTimeout: opts.RequestTimeout,
+		listPage:       listPage,
 		stopping:       stopping,
 	}
 }

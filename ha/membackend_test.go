@@ -24,6 +24,7 @@ type memStore struct {
 	members  map[string]memMember     // member records, by replica ID; guarded by mu
 	claims   map[string]memClaim      // holdings, by name; guarded by mu
 	chunks   map[memChunkKey]memChunk // published chunks; guarded by mu
+	past     []memHeld                // holdings that ended, in order, for heldAt; guarded by mu
 	rev      int64                    // the store's revision: one more at every write; guarded by mu
 	faults   map[string]memFault      // by operation ("begin", "renew", …); guarded by mu
 	ended    []string                 // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
@@ -38,9 +39,18 @@ type memLease struct {
 
 // memMember is a member record.
 type memMember struct {
-	session sessionID
-	digest  string
-	leaving bool
+	session  sessionID
+	digest   string
+	leaving  bool
+	created  int64 // the revision that created it: kept when it is moved or written again
+	modified int64 // the revision of its last write
+}
+
+// memHeld is a holding that ended: name was held from revision from
+// until revision to.
+type memHeld struct {
+	name     string
+	from, to int64
 }
 
 // memClaim is one name's holding.
@@ -58,8 +68,9 @@ type memChunkKey struct {
 
 // memChunk is a published chunk.
 type memChunk struct {
-	session sessionID
-	data    []byte
+	session  sessionID
+	data     []byte
+	modified int64 // the revision that wrote it
 }
 
 // memClaimPrefix is what Claim.Key holds before the name.
@@ -123,7 +134,7 @@ func (s *memStore) endLocked(id sessionID, why string) {
 	}
 	for name, c := range s.claims {
 		if c.session == id {
-			delete(s.claims, name)
+			s.dropClaimLocked(name, c)
 		}
 	}
 	for k, c := range s.chunks {
@@ -194,7 +205,12 @@ func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duratio
 		b.st.rev++
 		s = session{id: b.st.next, sent: sent, joinedAt: b.st.rev}
 		b.st.sessions[s.id] = &memLease{member: b.id, ttl: ttl, granted: now}
-		b.st.members[b.id] = memMember{session: s.id, digest: digest}
+		m := memMember{session: s.id, digest: digest, created: b.st.rev, modified: b.st.rev}
+		if held, ok := b.st.members[b.id]; ok {
+			m.created = held.created // moved: joinedAt is where it was found, as etcd's
+			s.joinedAt = b.st.rev - 1
+		}
+		b.st.members[b.id] = m
 		return nil
 	})
 	return s, err
@@ -262,7 +278,7 @@ func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string,
 		}
 		if m, ok := b.st.members[b.id]; ok && m.session == id {
 			b.st.rev++
-			b.st.members[b.id] = memMember{session: id, digest: digest, leaving: leaving}
+			b.st.members[b.id] = memMember{session: id, digest: digest, leaving: leaving, created: m.created, modified: b.st.rev}
 			written = true
 		}
 		return nil
@@ -278,7 +294,7 @@ func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest stri
 		m, ok := b.st.members[b.id]
 		if !ok {
 			b.st.rev++
-			m = memMember{session: id, digest: digest}
+			m = memMember{session: id, digest: digest, created: b.st.rev, modified: b.st.rev}
 			b.st.members[b.id] = m
 		}
 		under, found = m.session, true
@@ -333,7 +349,7 @@ func (b *memBackend) release(ctx context.Context, c Claim) error {
 		name := strings.TrimPrefix(c.Key, memClaimPrefix)
 		if h, held := b.st.claims[name]; held && h.rev == c.Revision {
 			b.st.rev++
-			delete(b.st.claims, name)
+			b.st.dropClaimLocked(name, h)
 		}
 		return nil
 	})
@@ -348,7 +364,7 @@ func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old stri
 		}
 		b.st.rev++
 		for i, c := range chunks {
-			b.st.chunks[memChunkKey{b.id, digest, i, len(chunks)}] = memChunk{session: id, data: c}
+			b.st.chunks[memChunkKey{b.id, digest, i, len(chunks)}] = memChunk{session: id, data: c, modified: b.st.rev}
 		}
 		for k := range b.st.chunks {
 			if k.member == b.id && (digest == "" || (old != digest && k.digest == old)) {
@@ -371,4 +387,47 @@ func (b *memBackend) fetch(ctx context.Context, member, digest string) (chunks [
 		return nil
 	})
 	return chunks, at, err
+}
+
+// dropClaimLocked ends the holding c of name at the current revision.
+func (s *memStore) dropClaimLocked(name string, c memClaim) {
+	delete(s.claims, name)
+	s.past = append(s.past, memHeld{name: name, from: c.rev, to: s.rev})
+}
+
+// list returns every record at the store's revision, in one read.
+func (b *memBackend) list(ctx context.Context) (records []change, at int64, err error) {
+	err = b.st.call(ctx, "list", func(time.Time) error {
+		records, at = nil, b.st.rev
+		for id, m := range b.st.members {
+			records = append(records, change{kind: memberPut, at: m.modified, member: id, session: m.session, created: m.created, digest: m.digest, leaving: m.leaving})
+		}
+		for name, c := range b.st.claims {
+			records = append(records, change{kind: claimPut, at: c.rev, member: c.holder, name: name, session: c.session, created: c.rev})
+		}
+		for k, c := range b.st.chunks {
+			records = append(records, change{kind: chunkPut, at: c.modified, chunk: setChunk{member: k.member, digest: k.digest, i: k.i, n: k.n, data: c.data}})
+		}
+		return nil
+	})
+	return records, at, err
+}
+
+// heldAt answers from the live holdings and the ended ones, all kept.
+func (b *memBackend) heldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
+	err = b.st.call(ctx, "heldAt", func(time.Time) error {
+		names = map[string]bool{}
+		for name, c := range b.st.claims {
+			if c.rev <= at {
+				names[name] = true
+			}
+		}
+		for _, h := range b.st.past {
+			if h.from <= at && at < h.to {
+				names[h.name] = true
+			}
+		}
+		return nil
+	})
+	return names, err
 }

@@ -69,10 +69,6 @@ type Replica struct {
 	// (claimAll). Atomic.
 	claimBatch atomic.Int32
 
-	// listPage is how many keys one request of a listing reads: listPage.
-	// Immutable; tests set it lower before Join.
-	listPage int
-
 	// stopping parents every etcd request of the loop and of its epochs;
 	// abort cancels it when Close is called or Leave's context ends, so
 	// that no request keeps them past their bound.
@@ -301,7 +297,6 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.be = newEtcdBackend(cli, opts, r.keys, r.log, r.stopping)
 	r.claimBatch.Store(maxClaimBatch)
-	r.listPage = listPage
 	return r, nil
 }
 
