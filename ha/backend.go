@@ -119,12 +119,26 @@ type backend interface {
 	// ctx alone.
 	memberSession(ctx context.Context) (id sessionID, found bool, err error)
 
-	// timeLeft reads how long session id lives unless renewed (left), and
+	// timeLeft reads how long session id of this replica (its own, or
+	// one of an earlier run: restart) lives unless renewed (left), and
 	// the validity of its grant or last renewal (granted). left may be up
 	// to a second short (etcd truncates it to whole seconds; see
 	// leaseAnswer.next). errSessionEnded: the session has ended. Bounded
 	// by ctx alone.
 	timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error)
+
+	// peerLeft reads, as timeLeft does, how long another member's
+	// session id lives unless renewed, and its validity: pollLeases reads
+	// it to tell a session that runs out by itself, its holder silent
+	// for half its validity or more, from one that may end early
+	// (holdUntilLocked), and GroupStatus shows it for every member. The readings need
+	// not come from a server-side TTL: a store without one (Kubernetes'
+	// Leases) answers from what its observers saw, granted the validity
+	// the member last wrote and left that validity less the time since
+	// an observer saw the write, on the observer's monotonic clock, and
+	// errSessionEnded once an observer proved the session ended. left
+	// may be up to a second short, never long. Bounded by ctx alone.
+	peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error)
 
 	// publish makes chunks (encodeNames) this replica's published set of
 	// names with digest, under session id, and then withdraws its set of

@@ -51,6 +51,7 @@ var conformanceCases = []struct {
 	{"ReleaseEndsOnlyThatHolding", conformRelease},
 	{"PublishedSetReadsBackUntilWithdrawn", conformPublish},
 	{"ListingHoldsTheGroupAtOnePosition", conformList},
+	{"AnotherMembersSessionIsRead", conformPeerLeft},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -516,6 +517,24 @@ func conformList(t *testing.T, st conformanceStore) {
 		if names, err := b.heldAt(ctx, q.at); err != nil || fmt.Sprint(names) != q.want {
 			t.Errorf("heldAt(%d) = %v, %v; want %s", q.at, names, err, q.want)
 		}
+	}
+}
+
+// Another replica reads a member's session as the member would: its
+// validity, the time left within it, and its end.
+func conformPeerLeft(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	reader := st.backendFor("r1")
+	left, granted, err := reader.peerLeft(ctx, sa.id)
+	if err != nil || granted != conformanceTTL || left <= 0 || left > conformanceTTL || left < conformanceTTL-st.slack-time.Second/2 {
+		t.Errorf("peerLeft of r0's new session = %v of %v, %v; want about %v of %v", left, granted, err, conformanceTTL, conformanceTTL)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := reader.peerLeft(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("peerLeft of r0's ended session: %v, want errSessionEnded", err)
 	}
 }
 

@@ -321,6 +321,12 @@ func (b *etcdBackend) fetch(ctx context.Context, member, digest string) ([]setCh
 	return chunks, resp.Header.Revision, nil
 }
 
+// peerLeft asks etcd, as timeLeft does: any client may read any lease's
+// TTL.
+func (b *etcdBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	return b.timeLeft(ctx, id)
+}
+
 // sessionErr returns err, wrapping errSessionEnded as well when etcd
 // answered that it does not know the lease.
 func sessionErr(err error) error {

@@ -263,6 +263,12 @@ func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted 
 	return left, granted, err
 }
 
+// peerLeft reads another's session as timeLeft does: the store keeps
+// every session's time.
+func (b *memBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	return b.timeLeft(ctx, id)
+}
+
 // live fails with errSessionEnded unless session id lives. Under mu.
 func (s *memStore) liveLocked(id sessionID) error {
 	if _, ok := s.sessions[id]; !ok {
