@@ -7,12 +7,14 @@ package ha
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
 // backend is the store a replica's group lives in, seen from the shared
 // part of the package. Its methods are safe for concurrent use; none
-// starts a goroutine that outlives the call.
+// starts a goroutine that outlives the call, but watch, whose goroutines
+// end once its feed is stopped.
 //
 // A replica's membership is a session: begun with its member record,
 // renewed while the replica runs, and ended by end, by the store when no
@@ -27,14 +29,22 @@ import (
 // longer knows the session; ErrDuplicateID (wrapped) from begin; any
 // other error is the store's, transient: the caller may try again.
 //
-// The seam is being cut one group of calls at a time (etcd's is
-// etcdBackend). Still outside it, and etcd-typed: the watch (through
-// Replica.cli, its events decoded by keys.decode); the
-// revisions that order the view (session.joinedAt, claimed.hdr,
-// claimView.rev, Claim.Revision and Claim.Held); the batch limits
-// (maxClaimBatch, maxClaimBytes: etcd's defaults); and the lease IDs the
-// view, the epochs and the public types carry (clientv3.LeaseID, which a
-// sessionID converts to and from one for one).
+// Positions: every change of the group's records has a position, one
+// int64 that only grows across the whole group, whichever record it
+// changes: on etcd the revision; on Kubernetes the resourceVersion of the
+// group's Lease objects, which Kubernetes 1.35 made comparable as
+// integers across the objects of one resource type; in SQL a sequence.
+// The view is at one (viewRev, listedRev), and they date a holding
+// (claimView.rev, Claim.Revision, claimed.hdr) and a member record
+// (session.joinedAt, seniority in Leader mode): a backend answers
+// positions of that one sequence, never a token per record.
+//
+// The replica reaches its store only through this interface (etcd's is
+// etcdBackend). Still etcd-typed in the shared part: the batch limits
+// (maxClaimBatch, maxClaimBytes: etcd's defaults); Claim.Held, an etcd
+// comparison; and the lease IDs the view, the epochs and the public
+// types carry (clientv3.LeaseID, which a sessionID converts to and from
+// one for one).
 type backend interface {
 	// checkServers asks the servers the backend reaches which release
 	// they run and logs at Warn, once, the oldest that is too old for the
@@ -171,6 +181,48 @@ type backend interface {
 	// cannot say any more (etcd: the revision compacted). Bounded as
 	// list is.
 	heldAt(ctx context.Context, at int64) (names map[string]bool, err error)
+
+	// watch starts the feed of the group's changes after position from
+	// (a listing's; changes at from itself may come again, and change
+	// nothing). Its goroutines are counted in wg, and end once the
+	// feed's stop has returned.
+	watch(from int64, wg *sync.WaitGroup) feed
+}
+
+// feed delivers the changes of the group's records, in the order of
+// their positions, in batches (feedBatch). Its contract, which the early
+// end rules rely on (endsLocked):
+//
+//   - Every deletion that a session's end causes (its member record, its
+//     holdings, its chunks) comes in one batch, at one position, never
+//     split between batches: a backend that learns of the end otherwise
+//     than by the store's own deletion (an observer's proof, on
+//     Kubernetes) delivers the deletions it makes of it so.
+//   - A release deletes one holding at a position of its own: two or
+//     more of a replica's own records deleted at one position are its
+//     session's end (endsLocked). A store that releases several
+//     holdings in one write must give each deletion a position of its
+//     own, or the change must come to say which deletions are releases.
+//   - A batch says the feed has delivered every change up to its
+//     position, at: a batch without changes is progress alone.
+//
+// A feed that fails delivers one batch with err set and nothing after
+// it: the caller stops it and lists again. The feed keeps its own health
+// (etcd: progress requests, and a watch silent for too long given up,
+// errFeedSilent).
+type feed interface {
+	// batches is where the feed delivers; the caller receives from it
+	// until it stops the feed.
+	batches() <-chan feedBatch
+	// stop ends the feed; it is called once, by the caller.
+	stop()
+}
+
+// feedBatch is one delivery of a feed.
+type feedBatch struct {
+	changes []change // in the order of their positions
+	at      int64    // every change up to this position has been delivered
+	err     error    // the feed failed: nothing comes after this batch
 }
 
 // changeKind is what a change did.

@@ -2,7 +2,8 @@
 // against every backend: etcd's, on the real etcd the tests start and in
 // real time, and the in-memory one, inside a testing/synctest bubble,
 // exact and instant. So far the parts of the seam that are cut: sessions,
-// member records, claims and releases, published sets of names, listings.
+// member records, claims and releases, published sets of names, listings,
+// the feed.
 
 package ha
 
@@ -13,6 +14,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -52,6 +54,7 @@ var conformanceCases = []struct {
 	{"PublishedSetReadsBackUntilWithdrawn", conformPublish},
 	{"ListingHoldsTheGroupAtOnePosition", conformList},
 	{"AnotherMembersSessionIsRead", conformPeerLeft},
+	{"FeedDeliversChangesAndASessionsEndInOneBatch", conformFeed},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -67,7 +70,7 @@ func TestBackendConformanceEtcd(t *testing.T) {
 			defer cancel()
 			tc.test(t, conformanceStore{
 				backendFor: func(id string) backend {
-					opts := Options{ID: id, RequestTimeout: 2 * time.Second}
+					opts := Options{ID: id, RequestTimeout: 2 * time.Second, TTL: conformanceTTL, Margin: conformanceTTL / 4}
 					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
 				},
 				claimKey: func(name string) string { return keysOf(prefix).claims + name },
@@ -453,6 +456,19 @@ func conformPublish(t *testing.T, st conformanceStore) {
 	}
 }
 
+// chunkLine renders c for a case's comparison.
+func chunkLine(c setChunk) string {
+	return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.member, c.digest, c.i, c.n, c.data)
+}
+
+// sameLines fails the test unless got is want, line for line.
+func sameLines(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n%s\nwant\n%s", what, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A listing holds every member record, holding and published chunk, as
 // they stand at its position, with the positions that created them (a
 // member record's is begin's joinedAt, a holding's its claim's); heldAt
@@ -490,21 +506,17 @@ func conformList(t *testing.T, st conformanceStore) {
 		case claimPut:
 			listed = append(listed, fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == claimedAt))
 		case chunkPut:
-			listed = append(listed, fmt.Sprintf("chunk %s/%s %d/%d=%s", c.chunk.member, c.chunk.digest, c.chunk.i, c.chunk.n, c.chunk.data))
+			listed = append(listed, chunkLine(c.chunk))
 		default:
 			t.Errorf("a listing holds %+v, not a put", c)
 		}
 	}
 	slices.Sort(listed)
-	want := []string{
+	sameLines(t, "the listing", listed,
 		"chunk r1/d1 0/1=a",
 		"claim y by r0 session=true created=true",
 		"member r0 session=true created=true digest=digest",
-		"member r1 session=true created=true digest=digest",
-	}
-	if !slices.Equal(listed, want) {
-		t.Errorf("listing:\n%s\nwant\n%s", strings.Join(listed, "\n"), strings.Join(want, "\n"))
-	}
+		"member r1 session=true created=true digest=digest")
 	for _, q := range []struct {
 		at   int64
 		want string
@@ -536,6 +548,99 @@ func conformPeerLeft(t *testing.T, st conformanceStore) {
 	if _, _, err := reader.peerLeft(ctx, sa.id); !errors.Is(err, errSessionEnded) {
 		t.Errorf("peerLeft of r0's ended session: %v, want errSessionEnded", err)
 	}
+}
+
+// A feed started at a listing's position delivers the later changes in
+// the order of their positions, each batch saying how far it has
+// delivered: a claim of two names at one position, a release alone at
+// its own, a published chunk, and a session's end, whose deletions (its
+// member record and its remaining holding) come in one batch at one
+// position. Its goroutines end with stop.
+func conformFeed(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	_, from, err := b.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	f := b.watch(from, &wg)
+	got, _, err := a.claim(ctx, sa.id, []string{"x", "y"})
+	if err != nil || len(got) != 2 {
+		t.Fatal(got, err)
+	}
+	if err := a.release(ctx, Claim{Key: st.claimKey("x"), Revision: got[0].rev}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.publish(ctx, sb.id, "d1", "", [][]byte{[]byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	// Each position's changes, the positions numbered from 1 in the
+	// order they came; a position's changes in one batch (batchOf).
+	var seen [][]string
+	pos := map[int64]int{}
+	batchOf := map[int64]int{}
+	last := from
+	timeout := time.After(10 * time.Second)
+	for n, done := 0, false; !done; n++ {
+		var fb feedBatch
+		select {
+		case fb = <-f.batches():
+		case <-timeout:
+			t.Fatalf("the feed delivered %v, and not r0's end, in 10s", seen)
+		}
+		if fb.err != nil {
+			t.Fatalf("the feed failed: %v", fb.err)
+		}
+		for _, c := range fb.changes {
+			if c.at <= from {
+				continue // at the listing's position: may come again
+			}
+			if c.at < last || c.at > fb.at {
+				t.Errorf("change %+v at %d: after %d, in a batch up to %d", c, c.at, last, fb.at)
+			}
+			last = c.at
+			if pos[c.at] == 0 {
+				pos[c.at] = len(pos) + 1
+				batchOf[c.at] = n
+				seen = append(seen, nil)
+			}
+			if batchOf[c.at] != n {
+				t.Errorf("the changes at position %d came in batches %d and %d", c.at, batchOf[c.at], n)
+			}
+			var what string
+			switch c.kind {
+			case claimPut:
+				what = fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == c.at)
+			case claimGone:
+				what = "released " + c.name
+			case chunkPut:
+				what = chunkLine(c.chunk)
+			case memberGone:
+				what, done = "gone "+c.member, true
+			default:
+				what = fmt.Sprintf("%+v", c)
+			}
+			seen[pos[c.at]-1] = append(seen[pos[c.at]-1], what)
+		}
+	}
+	var delivered []string
+	for _, at := range seen {
+		slices.Sort(at) // within a position, in no order
+		delivered = append(delivered, strings.Join(at, ", "))
+	}
+	sameLines(t, "the feed, a line per position,", delivered,
+		"claim x by r0 session=true created=true, claim y by r0 session=true created=true",
+		"released x",
+		"chunk r1/d1 0/1=a",
+		"gone r0, released y")
+	f.stop()
+	wg.Wait()
 }
 
 // What only the in-memory backend can show, being able to lose an

@@ -29,6 +29,10 @@ type etcdBackend struct {
 	memberKey      string        // <Prefix>/members/<ID>
 	claimPrefix    string        // <Prefix>/claims/
 	requestTimeout time.Duration // Options.RequestTimeout
+	// checkEvery is how often the feed checks its watch's silence, and
+	// silentLimit how long a silence it gives up after (checkWatch):
+	// Options.keepAliveEvery and Options.window.
+	checkEvery, silentLimit time.Duration
 	// listPage is how many keys one request of a listing reads: listPage
 	// (a constant); tests set less before Join.
 	listPage int
@@ -49,6 +53,8 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 		memberKey:      k.members + opts.ID,
 		claimPrefix:    k.claims,
 		requestTimeout: opts.RequestTimeout,
+		checkEvery:     opts.keepAliveEvery(),
+		silentLimit:    opts.window(),
 		listPage:       listPage,
 		stopping:       stopping,
 	}

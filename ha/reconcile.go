@@ -11,7 +11,6 @@ import (
 	"maps"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -76,29 +75,24 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		if ep.settle != nil {
 			settled = ep.settle.C
 		}
-		var created <-chan clientv3.WatchChan
-		var events clientv3.WatchChan
-		var check <-chan time.Time
-		if w := ep.watch; w != nil {
-			created, events, check = w.created, w.ch, w.check.C
+		var batches <-chan feedBatch
+		if ep.watch != nil {
+			batches = ep.watch.batches()
 		}
 		select {
 		case <-ep.fence.ctx.Done():
 			return nil
 		case req := <-r.stopReq:
 			return &req
-		case ch := <-created:
-			ep.watch.created, ep.watch.ch = nil, ch
-		case wr, ok := <-events:
-			if !ok || wr.Err() != nil {
+		case b := <-batches:
+			if b.err != nil {
 				r.dropWatch(ep)
-				r.retryLater(ep)
+				if !errors.Is(b.err, errFeedSilent) {
+					r.retryLater(ep) // a silent one is given up after a long wait already
+				}
 				continue
 			}
-			ep.watch.heard = time.Now()
-			r.apply(ep, wr)
-		case now := <-check:
-			r.checkWatchNow(ep, now)
+			r.apply(ep, b)
 		case <-r.wake:
 		case res := <-ep.results:
 			r.handle(ep, res)
@@ -138,7 +132,7 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 }
 
 // relist lists the group (backend.list), replaces the view with the
-// listing, and starts a watch from its position (startWatch).
+// listing, and starts the feed from its position (backend.watch).
 func (r *Replica) relist(ep *epoch) error {
 	// The loop waits for the listing (a fence pass, Close and Leave's
 	// context still end it at once): a listing of 100,000 claims under
@@ -197,7 +191,7 @@ func (r *Replica) relist(ep *epoch) error {
 		r.memberLost = true // deleted while no watch ran (putLocked saw any other lease)
 	}
 	r.mu.Unlock()
-	w := r.startWatch(ep, rev)
+	w := r.be.watch(rev, &ep.wg)
 	ep.watch, ep.watchCancel = w, w.stop
 	return nil
 }
@@ -227,39 +221,25 @@ func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string
 	return names
 }
 
-// apply brings a watch response's events into the view, and moves the
-// view's revision to the last one the watch has delivered in full: its
-// last event's, or the header's of a progress notification, which etcd
-// sends only once every watcher of the stream has been sent every event
-// up to it. Never a response's header otherwise: a watcher more than
-// 1,000 revisions behind gets etcd's catch-up batches, each of at most
-// 1,000 revisions and each carrying the store's current revision, and a
-// claim created after a batch's last event would look deleted
-// (stepLocked's lost) while its creation is still on the way.
-func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
+// apply brings a batch of the feed into the view, and moves the view's
+// position to the batch's (feedBatch.at). The deletions of a session's
+// end come at one position, in one batch: they are judged a position at
+// a time (endsLocked).
+func (r *Replica) apply(ep *epoch, b feedBatch) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.heard = now
-	if wr.IsProgressNotify() {
-		r.viewRev = max(r.viewRev, wr.Header.Revision)
-		return
-	}
-	// A lease's end deletes its keys in one revision, which etcd never
-	// splits between responses: the deletions are judged a revision at a
-	// time (endsLocked).
 	var ends lastEnds
-	for _, ev := range wr.Events {
-		if ev.Kv.ModRevision != ends.rev {
+	for _, c := range b.changes {
+		if c.at != ends.rev {
 			r.endsLocked(ep, &ends, now)
-			ends.rev = ev.Kv.ModRevision
+			ends.rev = c.at
 		}
-		r.viewRev = max(r.viewRev, ev.Kv.ModRevision)
-		if c, ok := r.keys.decode(ev.Kv, ev.Type != mvccpb.PUT); ok {
-			r.changeLocked(ep, &ends, c, now)
-		}
+		r.changeLocked(ep, &ends, c, now)
 	}
 	r.endsLocked(ep, &ends, now)
+	r.viewRev = max(r.viewRev, b.at)
 }
 
 // changeLocked brings a change the watch delivered at seen into the
@@ -648,4 +628,10 @@ func (r *Replica) handle(ep *epoch, res result) {
 			r.emit(Event{Kind: Released, Lease: ep.lease, Name: res.name, Revision: s.claim.Revision, Reason: s.reason})
 		}
 	}
+}
+
+// dropWatch stops the epoch's feed; the loop lists and watches anew.
+func (r *Replica) dropWatch(ep *epoch) {
+	ep.watch.stop()
+	ep.watch, ep.watchCancel = nil, nil
 }

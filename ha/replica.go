@@ -45,8 +45,7 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // them and joins them. Every method is safe for concurrent use.
 type Replica struct {
 	// Immutable after New.
-	cli   *clientv3.Client // what is not behind be yet (backend.go)
-	be    backend
+	be    backend // the store: etcd's, made from New's client
 	opts  Options
 	keys  keys
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
@@ -269,7 +268,6 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	}
 	inner := controller.NewManager(managerOptions(opts)...)
 	r := &Replica{
-		cli:     cli,
 		opts:    opts,
 		keys:    keysOf(opts.Prefix),
 		log:     inner.Logger(),
