@@ -7,12 +7,14 @@ package ha
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
 // backend is the store a replica's group lives in, seen from the shared
 // part of the package. Its methods are safe for concurrent use; none
-// starts a goroutine that outlives the call.
+// starts a goroutine that outlives the call, but watch, whose goroutines
+// end once its feed is stopped.
 //
 // A replica's membership is a session: begun with its member record,
 // renewed while the replica runs, and ended by end, by the store when no
@@ -27,14 +29,22 @@ import (
 // longer knows the session; ErrDuplicateID (wrapped) from begin; any
 // other error is the store's, transient: the caller may try again.
 //
-// The seam is being cut one group of calls at a time (etcd's is
-// etcdBackend). Still outside it, and etcd-typed: the published sets of
-// names, the watch and the listings (all through Replica.cli); the
-// revisions that order the view (session.joinedAt, claimed.hdr,
-// claimView.rev, Claim.Revision and Claim.Held); the batch limits
-// (maxClaimBatch, maxClaimBytes: etcd's defaults); and the lease IDs the
-// view, the epochs and the public types carry (clientv3.LeaseID, which a
-// sessionID converts to and from one for one).
+// Positions: every change of the group's records has a position, one
+// int64 that only grows across the whole group, whichever record it
+// changes: on etcd the revision; on Kubernetes the resourceVersion of the
+// group's Lease objects, which Kubernetes 1.35 made comparable as
+// integers across the objects of one resource type; in SQL a sequence.
+// The view is at one (viewRev, listedRev), and they date a holding
+// (claimView.rev, Claim.Revision, claimed.hdr) and a member record
+// (session.joinedAt, seniority in Leader mode): a backend answers
+// positions of that one sequence, never a token per record.
+//
+// The replica reaches its store only through this interface (etcd's is
+// etcdBackend). Still etcd-typed in the shared part: the batch limits
+// (maxClaimBatch, maxClaimBytes: etcd's defaults); Claim.Held, an etcd
+// comparison; and the lease IDs the view, the epochs and the public
+// types carry (clientv3.LeaseID, which a sessionID converts to and from
+// one for one).
 type backend interface {
 	// checkServers asks the servers the backend reaches which release
 	// they run and logs at Warn, once, the oldest that is too old for the
@@ -123,12 +133,138 @@ type backend interface {
 	// ctx alone.
 	memberSession(ctx context.Context) (id sessionID, found bool, err error)
 
-	// timeLeft reads how long session id lives unless renewed (left), and
+	// timeLeft reads how long session id of this replica (its own, or
+	// one of an earlier run: restart) lives unless renewed (left), and
 	// the validity of its grant or last renewal (granted). left may be up
 	// to a second short (etcd truncates it to whole seconds; see
 	// leaseAnswer.next). errSessionEnded: the session has ended. Bounded
 	// by ctx alone.
 	timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error)
+
+	// peerLeft reads, as timeLeft does, how long another member's
+	// session id lives unless renewed, and its validity: pollLeases reads
+	// it to tell a session that runs out by itself, its holder silent
+	// for half its validity or more, from one that may end early
+	// (holdUntilLocked), and GroupStatus shows it for every member. The readings need
+	// not come from a server-side TTL: a store without one (Kubernetes'
+	// Leases) answers from what its observers saw, granted the validity
+	// the member last wrote and left that validity less the time since
+	// an observer saw the write, on the observer's monotonic clock, and
+	// errSessionEnded once an observer proved the session ended. left
+	// may be up to a second short, never long. Bounded by ctx alone.
+	peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error)
+
+	// publish makes chunks (encodeNames) this replica's published set of
+	// names with digest, under session id, and then withdraws its set of
+	// digest old; a digest of "" publishes nothing and withdraws every
+	// set of this replica. The others read a set only once every chunk
+	// of it has come (putChunkLocked), so the chunks may be written one
+	// request each; a call that fails part way is made again whole, and
+	// a chunk written twice changes nothing. errSessionEnded: id has
+	// ended. Each of its requests is bounded by Options.RequestTimeout
+	// and by ctx.
+	publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error
+
+	// fetch reads the chunks member published of its set with digest,
+	// directly (not waiting for the feed, which brings them too), and
+	// the position it read them at: the feed brings every later change
+	// of them. No chunk: nothing is published. ctx bounds it; the
+	// caller makes it with request.
+	fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error)
+
+	// list reads the group as it stands at one position: every member
+	// record, holding and published chunk, as puts (change), and the
+	// position. A store may read it in pages, each at that position. Any
+	// error fails it, the position forgotten by the store between pages
+	// included: the caller lists again. ctx bounds it whole, and each of
+	// its requests is bounded by Options.RequestTimeout as well.
+	list(ctx context.Context) (records []change, at int64, err error)
+
+	// heldAt returns the names held at position at, one the store
+	// answered earlier (session.joinedAt). An error when the store
+	// cannot say any more (etcd: the revision compacted). Bounded as
+	// list is.
+	heldAt(ctx context.Context, at int64) (names map[string]bool, err error)
+
+	// watch starts the feed of the group's changes after position from
+	// (a listing's; changes at from itself may come again, and change
+	// nothing). Its goroutines are counted in wg, and end once the
+	// feed's stop has returned.
+	watch(from int64, wg *sync.WaitGroup) feed
+}
+
+// feed delivers the changes of the group's records, in the order of
+// their positions, in batches (feedBatch). Its contract, which the early
+// end rules rely on (endsLocked):
+//
+//   - Every deletion that a session's end causes (its member record, its
+//     holdings, its chunks) comes in one batch, at one position, never
+//     split between batches: a backend that learns of the end otherwise
+//     than by the store's own deletion (an observer's proof, on
+//     Kubernetes) delivers the deletions it makes of it so.
+//   - A release deletes one holding at a position of its own: two or
+//     more of a replica's own records deleted at one position are its
+//     session's end (endsLocked). A store that releases several
+//     holdings in one write must give each deletion a position of its
+//     own, or the change must come to say which deletions are releases.
+//   - A batch says the feed has delivered every change up to its
+//     position, at: a batch without changes is progress alone.
+//
+// A feed that fails delivers one batch with err set and nothing after
+// it: the caller stops it and lists again. The feed keeps its own health
+// (etcd: progress requests, and a watch silent for too long given up,
+// errFeedSilent).
+type feed interface {
+	// batches is where the feed delivers; the caller receives from it
+	// until it stops the feed.
+	batches() <-chan feedBatch
+	// stop ends the feed; it is called once, by the caller.
+	stop()
+}
+
+// feedBatch is one delivery of a feed.
+type feedBatch struct {
+	changes []change // in the order of their positions
+	at      int64    // every change up to this position has been delivered
+	err     error    // the feed failed: nothing comes after this batch
+}
+
+// changeKind is what a change did.
+type changeKind uint8
+
+const (
+	memberPut  changeKind = iota // a member record written
+	memberGone                   // a member record deleted
+	claimPut                     // a name held
+	claimGone                    // a holding ended
+	chunkPut                     // a chunk of a published set written
+	chunkGone                    // a chunk of a published set deleted
+)
+
+// change is one change of the group's records, or, in a listing, one
+// record as it stands (a put).
+type change struct {
+	kind changeKind
+	at   int64 // the change's position; in a listing, the record's last write's
+	// member is the member's ID (member changes) or the holder's (claim
+	// puts); name is the name (claim changes).
+	member, name string
+	// Puts of member records and claims: the session the record is
+	// under, and the position that created it (seniority in Leader mode,
+	// Claim.Revision).
+	session sessionID
+	created int64
+	digest  string   // member puts: the digest of its names ("": an earlier version's record)
+	leaving bool     // member puts: marked leaving
+	chunk   setChunk // chunk changes; data nil on deletion
+}
+
+// setChunk is one chunk of a set of names a member published: chunk i of
+// n of its set with digest.
+type setChunk struct {
+	member, digest string
+	i, n           int
+	data           []byte
 }
 
 // sessionID names one session of a backend; 0 names none. On etcd it is

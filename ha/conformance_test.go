@@ -2,7 +2,8 @@
 // against every backend: etcd's, on the real etcd the tests start and in
 // real time, and the in-memory one, inside a testing/synctest bubble,
 // exact and instant. So far the parts of the seam that are cut: sessions,
-// member records, claims and releases.
+// member records, claims and releases, published sets of names, listings,
+// the feed.
 
 package ha
 
@@ -11,6 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -62,6 +66,10 @@ var conformanceCases = []struct {
 	{"SessionLivesWhatItWasGranted", conformValidity},
 	{"SessionsOfOneReplicaAreApart", conformSessionsApart},
 	{"BeginWhoseAnswerIsLostLeavesNoSession", conformLostBegin},
+	{"PublishedSetReadsBackUntilWithdrawn", conformPublish},
+	{"ListingHoldsTheGroupAtOnePosition", conformList},
+	{"AnotherMembersSessionIsRead", conformPeerLeft},
+	{"FeedDeliversChangesAndASessionsEndInOneBatch", conformFeed},
 }
 
 // Each case against etcd, every case in a group of its own.
@@ -80,7 +88,7 @@ func TestBackendConformanceEtcd(t *testing.T) {
 			defer cancel()
 			tc.test(t, conformanceStore{
 				backendFor: func(id string) backend {
-					opts := Options{ID: id, RequestTimeout: 2 * time.Second}
+					opts := Options{ID: id, RequestTimeout: 2 * time.Second, TTL: conformanceTTL, Margin: conformanceTTL / 4}
 					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
 				},
 				claimKey:  func(name string) string { return keysOf(prefix).claims + name },
@@ -545,6 +553,259 @@ func conformRelease(t *testing.T, st conformanceStore) {
 	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].ok || got[0].view == nil || got[0].view.holder != "r1" {
 		t.Errorf("after r0 released its old holding again, x = %+v, absent %v, %v; want still r1's", got, absent, err)
 	}
+}
+
+// readSet returns what fetch read of member's set with digest, as
+// "i/n=data" in chunk order, and the position it read at.
+func readSet(t *testing.T, b backend, member, digest string) (string, int64) {
+	t.Helper()
+	chunks, at, err := b.fetch(context.Background(), member, digest)
+	if err != nil {
+		t.Fatalf("fetch of %s's set %s: %v", member, digest, err)
+	}
+	slices.SortFunc(chunks, func(a, b setChunk) int { return a.i - b.i })
+	var out []string
+	for _, c := range chunks {
+		if c.member != member || c.digest != digest {
+			t.Errorf("fetch of %s's set %s read a chunk of %s's set %s", member, digest, c.member, c.digest)
+		}
+		out = append(out, fmt.Sprintf("%d/%d=%s", c.i, c.n, c.data))
+	}
+	return strings.Join(out, " "), at
+}
+
+// A published set reads back whole, from another replica, at a position
+// past every earlier write of the group (a claim's here); a set
+// withdrawn, replaced by another digest's, or under a session that ended
+// reads as nothing; and an ended session publishes nothing.
+func conformPublish(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	reader := st.backendFor("r1")
+	got, _, err := a.claim(ctx, sa.id, []string{"x"})
+	if err != nil || len(got) != 1 {
+		t.Fatal(got, err)
+	}
+	if err := a.publish(ctx, sa.id, "d1", "", [][]byte{[]byte("a"), []byte("b")}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if set, at := readSet(t, reader, "r0", "d1"); set != "0/2=a 1/2=b" || at <= got[0].rev {
+		t.Errorf("fetch after publishing d1 = %q at %d; want 0/2=a 1/2=b, past the claim's position %d", set, at, got[0].rev)
+	}
+	if err := a.publish(ctx, sa.id, "d2", "d1", [][]byte{[]byte("c")}); err != nil {
+		t.Fatalf("publish d2 in d1's place: %v", err)
+	}
+	if set, _ := readSet(t, reader, "r0", "d1"); set != "" {
+		t.Errorf("d1 after d2 replaced it: %q, want withdrawn", set)
+	}
+	if set, _ := readSet(t, reader, "r0", "d2"); set != "0/1=c" {
+		t.Errorf("d2 = %q, want 0/1=c", set)
+	}
+	if err := a.publish(ctx, sa.id, "", "d2", nil); err != nil {
+		t.Fatalf("withdraw: %v", err)
+	}
+	if set, _ := readSet(t, reader, "r0", "d2"); set != "" {
+		t.Errorf("d2 after the withdrawal: %q, want nothing", set)
+	}
+	if err := a.publish(ctx, sa.id, "d3", "", [][]byte{[]byte("e")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if set, _ := readSet(t, reader, "r0", "d3"); set != "" {
+		t.Errorf("d3 after its session ended: %q, want gone with it", set)
+	}
+	if err := a.publish(ctx, sa.id, "d4", "", [][]byte{[]byte("f")}); !errors.Is(err, errSessionEnded) {
+		t.Errorf("publish under an ended session: %v, want errSessionEnded", err)
+	}
+}
+
+// chunkLine renders c for a case's comparison.
+func chunkLine(c setChunk) string {
+	return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.member, c.digest, c.i, c.n, c.data)
+}
+
+// sameLines fails the test unless got is want, line for line.
+func sameLines(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n%s\nwant\n%s", what, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// A listing holds every member record, holding and published chunk, as
+// they stand at its position, with the positions that created them (a
+// member record's is begin's joinedAt, a holding's its claim's); heldAt
+// answers the names held at an earlier position, holdings released
+// since included.
+func conformList(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.end(ctx, sa.id) }()
+	got, _, err := a.claim(ctx, sa.id, []string{"x", "y"})
+	if err != nil || len(got) != 2 {
+		t.Fatal(got, err)
+	}
+	claimedAt := got[0].rev
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	if err := b.publish(ctx, sb.id, "d1", "", [][]byte{[]byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.release(ctx, Claim{Key: st.claimKey("x"), Revision: claimedAt}); err != nil {
+		t.Fatal(err)
+	}
+	records, at, err := b.list(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var listed []string
+	for _, c := range records {
+		if c.at > at || c.at <= 0 {
+			t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.at, at)
+		}
+		switch c.kind {
+		case memberPut:
+			listed = append(listed, fmt.Sprintf("member %s session=%t created=%t digest=%s", c.member, c.session == sa.id || c.session == sb.id, c.created == sa.joinedAt || c.created == sb.joinedAt, c.digest))
+		case claimPut:
+			listed = append(listed, fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == claimedAt))
+		case chunkPut:
+			listed = append(listed, chunkLine(c.chunk))
+		default:
+			t.Errorf("a listing holds %+v, not a put", c)
+		}
+	}
+	slices.Sort(listed)
+	sameLines(t, "the listing", listed,
+		"chunk r1/d1 0/1=a",
+		"claim y by r0 session=true created=true",
+		"member r0 session=true created=true digest=digest",
+		"member r1 session=true created=true digest=digest")
+	for _, q := range []struct {
+		at   int64
+		want string
+	}{
+		{sa.joinedAt, "map[]"},
+		{claimedAt, "map[x:true y:true]"},
+		{sb.joinedAt, "map[x:true y:true]"},
+		{at, "map[y:true]"},
+	} {
+		if names, err := b.heldAt(ctx, q.at); err != nil || fmt.Sprint(names) != q.want {
+			t.Errorf("heldAt(%d) = %v, %v; want %s", q.at, names, err, q.want)
+		}
+	}
+}
+
+// Another replica reads a member's session as the member would: its
+// validity, the time left within it, and its end.
+func conformPeerLeft(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	reader := st.backendFor("r1")
+	left, granted, err := reader.peerLeft(ctx, sa.id)
+	if err != nil || granted != conformanceTTL || left <= 0 || left > conformanceTTL || left < conformanceTTL-st.slack-time.Second/2 {
+		t.Errorf("peerLeft of r0's new session = %v of %v, %v; want about %v of %v", left, granted, err, conformanceTTL, conformanceTTL)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := reader.peerLeft(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("peerLeft of r0's ended session: %v, want errSessionEnded", err)
+	}
+}
+
+// A feed started at a listing's position delivers the later changes in
+// the order of their positions, each batch saying how far it has
+// delivered: a claim of two names at one position, a release alone at
+// its own, a published chunk, and a session's end, whose deletions (its
+// member record and its remaining holding) come in one batch at one
+// position. Its goroutines end with stop.
+func conformFeed(t *testing.T, st conformanceStore) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	b, sb := beginAs(t, st, "r1")
+	defer func() { _ = b.end(ctx, sb.id) }()
+	_, from, err := b.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	f := b.watch(from, &wg)
+	got, _, err := a.claim(ctx, sa.id, []string{"x", "y"})
+	if err != nil || len(got) != 2 {
+		t.Fatal(got, err)
+	}
+	if err := a.release(ctx, Claim{Key: st.claimKey("x"), Revision: got[0].rev}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.publish(ctx, sb.id, "d1", "", [][]byte{[]byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	// Each position's changes, the positions numbered from 1 in the
+	// order they came; a position's changes in one batch (batchOf).
+	var seen [][]string
+	pos := map[int64]int{}
+	batchOf := map[int64]int{}
+	last := from
+	timeout := time.After(10 * time.Second)
+	for n, done := 0, false; !done; n++ {
+		var fb feedBatch
+		select {
+		case fb = <-f.batches():
+		case <-timeout:
+			t.Fatalf("the feed delivered %v, and not r0's end, in 10s", seen)
+		}
+		if fb.err != nil {
+			t.Fatalf("the feed failed: %v", fb.err)
+		}
+		for _, c := range fb.changes {
+			if c.at <= from {
+				continue // at the listing's position: may come again
+			}
+			if c.at < last || c.at > fb.at {
+				t.Errorf("change %+v at %d: after %d, in a batch up to %d", c, c.at, last, fb.at)
+			}
+			last = c.at
+			if pos[c.at] == 0 {
+				pos[c.at] = len(pos) + 1
+				batchOf[c.at] = n
+				seen = append(seen, nil)
+			}
+			if batchOf[c.at] != n {
+				t.Errorf("the changes at position %d came in batches %d and %d", c.at, batchOf[c.at], n)
+			}
+			var what string
+			switch c.kind {
+			case claimPut:
+				what = fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == c.at)
+			case claimGone:
+				what = "released " + c.name
+			case chunkPut:
+				what = chunkLine(c.chunk)
+			case memberGone:
+				what, done = "gone "+c.member, true
+			default:
+				what = fmt.Sprintf("%+v", c)
+			}
+			seen[pos[c.at]-1] = append(seen[pos[c.at]-1], what)
+		}
+	}
+	var delivered []string
+	for _, at := range seen {
+		slices.Sort(at) // within a position, in no order
+		delivered = append(delivered, strings.Join(at, ", "))
+	}
+	sameLines(t, "the feed, a line per position,", delivered,
+		"claim x by r0 session=true created=true, claim y by r0 session=true created=true",
+		"released x",
+		"chunk r1/d1 0/1=a",
+		"gone r0, released y")
+	f.stop()
+	wg.Wait()
 }
 
 // What only the in-memory backend can show, being able to lose an

@@ -215,7 +215,8 @@ type gate struct {
 	until time.Time
 }
 
-// pollLeases reads each other member's remaining TTL every
+// pollLeases reads each other member's remaining TTL (backend.peerLeft)
+// every
 // keepAliveEvery, and every quarter of that while the last reading showed
 // it not renewed (leaseAnswer.stale), and records the readings
 // (holdUntilLocked, Status). Owned by the loop, started with the epoch;
@@ -243,7 +244,7 @@ func (r *Replica) pollLeases(ep *epoch) {
 		for _, l := range due {
 			sent := time.Now()
 			ctx, cancel := r.be.request(ep.ctx)
-			left, granted, err := r.be.timeLeft(ctx, sessionID(l))
+			left, granted, err := r.be.peerLeft(ctx, sessionID(l))
 			cancel()
 			if err != nil {
 				continue
@@ -265,7 +266,8 @@ func (r *Replica) pollLeases(ep *epoch) {
 	}
 }
 
-// leaseAnswer is the last TimeToLive reading of a member's lease, and
+// leaseAnswer is the last reading of a member's lease (backend.peerLeft;
+// etcd's TimeToLive), and
 // what the readings since its last renewal tell of when it runs out.
 //
 // etcd answers the time left in whole seconds, truncated: a reading sent

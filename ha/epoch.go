@@ -40,8 +40,8 @@ type epoch struct {
 	wg sync.WaitGroup
 
 	// Owned by the loop goroutine.
-	watch       *viewWatch // nil: to (re)start; stopped by watchCancel
-	watchCancel context.CancelFunc
+	watch       feed // nil: to (re)start; stopped by watchCancel
+	watchCancel func()
 	retry       *time.Timer // pending relist or acquire retry; nil: none
 	settle      *time.Timer // the first epoch's settling (Options.Settle); nil: none, or over
 	// joinedAt is the revision at which the member key was written (or

@@ -25,9 +25,17 @@ type etcdBackend struct {
 	cli            *clientv3.Client
 	log            *slog.Logger
 	id             string        // Options.ID
+	keys           keys          // of Options.Prefix
 	memberKey      string        // <Prefix>/members/<ID>
 	claimPrefix    string        // <Prefix>/claims/
 	requestTimeout time.Duration // Options.RequestTimeout
+	// checkEvery is how often the feed checks its watch's silence, and
+	// silentLimit how long a silence it gives up after (checkWatch):
+	// Options.keepAliveEvery and Options.window.
+	checkEvery, silentLimit time.Duration
+	// listPage is how many keys one request of a listing reads: listPage
+	// (a constant); tests set less before Join.
+	listPage int
 	// stopping bounds the requests the backend makes on its own, outside
 	// any caller's context (ending a session begin could not complete): the
 	// replica's, which Close ends.
@@ -41,9 +49,13 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 		cli:            cli,
 		log:            log,
 		id:             opts.ID,
+		keys:           k,
 		memberKey:      k.members + opts.ID,
 		claimPrefix:    k.claims,
 		requestTimeout: opts.RequestTimeout,
+		checkEvery:     opts.keepAliveEvery(),
+		silentLimit:    opts.window(),
+		listPage:       listPage,
 		stopping:       stopping,
 	}
 }
@@ -271,6 +283,54 @@ func (b *etcdBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 		return 0, 0, fmt.Errorf("%w: lease %x has expired", errSessionEnded, int64(id))
 	}
 	return time.Duration(resp.TTL) * time.Second, time.Duration(resp.GrantedTTL) * time.Second, nil
+}
+
+// publish puts each chunk under the lease, then deletes the old set's
+// keys (every set's, when digest is ""), one request each.
+func (b *etcdBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+	var ops []clientv3.Op
+	if digest != "" {
+		for i, c := range chunks {
+			ops = append(ops, clientv3.OpPut(b.keys.chunkKey(b.id, digest, i, len(chunks)), string(c), clientv3.WithLease(clientv3.LeaseID(id))))
+		}
+	}
+	mine := b.keys.names + b.id + "/"
+	switch {
+	case digest == "":
+		ops = append(ops, clientv3.OpDelete(mine, clientv3.WithPrefix()))
+	case old != "" && old != digest:
+		ops = append(ops, clientv3.OpDelete(mine+old+"/", clientv3.WithPrefix()))
+	}
+	for _, op := range ops {
+		rctx, cancel := context.WithTimeout(ctx, b.requestTimeout)
+		_, err := b.cli.Do(rctx, op)
+		cancel()
+		if err != nil {
+			return sessionErr(err)
+		}
+	}
+	return nil
+}
+
+// fetch reads the set's keys in one request, at its header's revision.
+func (b *etcdBackend) fetch(ctx context.Context, member, digest string) ([]setChunk, int64, error) {
+	resp, err := b.cli.Get(ctx, b.keys.names+member+"/"+digest+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, err
+	}
+	var chunks []setChunk
+	for _, kv := range resp.Kvs {
+		if c, ok := b.keys.parseChunk(string(kv.Key), kv.Value); ok {
+			chunks = append(chunks, c)
+		}
+	}
+	return chunks, resp.Header.Revision, nil
+}
+
+// peerLeft asks etcd, as timeLeft does: any client may read any lease's
+// TTL.
+func (b *etcdBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	return b.timeLeft(ctx, id)
 }
 
 // sessionErr returns err, wrapping errSessionEnded as well when etcd

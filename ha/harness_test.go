@@ -431,6 +431,10 @@ func (c *cluster) addNode(n *node) *node {
 	return n
 }
 
+// etcd returns the etcd backend of n's replica, whose fields a test may
+// set before Join.
+func (n *node) etcd() *etcdBackend { return n.r.be.(*etcdBackend) }
+
 // etcdRevision returns the store's current revision, as cli reads it: the
 // etcd writes between two readings.
 func etcdRevision(t testing.TB, cli *clientv3.Client) int64 {

@@ -1,4 +1,4 @@
-// Review tests of the paged listing (listAll, relist) and of the direct
+// Review tests of the paged listing (etcdBackend.listAll, relist) and of the direct
 // reads of published name sets (keepFetch).
 
 package ha
@@ -20,7 +20,7 @@ import (
 func listingNode(t *testing.T, page int) (*node, string) {
 	c := newCluster(t, 0, testOptions())
 	n := c.newNode("r0")
-	n.r.listPage = page
+	n.etcd().listPage = page
 	return n, c.prefix + "/list/"
 }
 
@@ -88,7 +88,7 @@ func TestPagedListingsKeepPlacement(t *testing.T) {
 		} else {
 			n = c.newNode(id)
 		}
-		n.r.listPage = 2
+		n.etcd().listPage = 2
 		c.register(n)
 		if err := n.r.Join(context.Background()); err != nil {
 			t.Fatal(err)
@@ -191,13 +191,13 @@ func TestReadAheadOfTheMemberIsRecognized(t *testing.T) {
 	}
 }
 
-// listingIsOneRead lists prefix with n's replica (listAll), and fails the
+// listingIsOneRead lists prefix with n's backend (listAll), and fails the
 // test unless the listing holds exactly the keys, values and revisions
 // that one read at the listing's revision gives.
 func listingIsOneRead(t *testing.T, n *node, prefix, what string) {
 	t.Helper()
 	ctx := context.Background()
-	kvs, rev, err := n.r.listAll(ctx, ctx, prefix, 0)
+	kvs, rev, err := n.etcd().listAll(ctx, prefix, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

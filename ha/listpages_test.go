@@ -48,7 +48,7 @@ func TestListingFallsBackFromALaggingMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	n.r.cli = cli
+	n.etcd().cli = cli
 	listingIsOneRead(t, n, prefix, "every page refused serializably")
 	if serial.Load() == 0 || lin.Load() != serial.Load() {
 		t.Errorf("serializable attempts %d, linearizable fallbacks %d", serial.Load(), lin.Load())

@@ -19,13 +19,19 @@ import (
 // replicas: what a server keeps.
 type memStore struct {
 	mu       sync.Mutex
-	next     sessionID               // the last session ID given; guarded by mu
-	sessions map[sessionID]*memLease // live sessions, and ended ones until reaped; guarded by mu
-	members  map[string]memMember    // member records, by replica ID; guarded by mu
-	claims   map[string]memClaim     // holdings, by name; guarded by mu
-	rev      int64                   // the store's revision: one more at every write; guarded by mu
-	faults   map[string]memFault     // by operation ("begin", "renew", …); guarded by mu
-	ended    []string                // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
+	next     sessionID                // the last session ID given; guarded by mu
+	sessions map[sessionID]*memLease  // live sessions, and ended ones until reaped; guarded by mu
+	members  map[string]memMember     // member records, by replica ID; guarded by mu
+	claims   map[string]memClaim      // holdings, by name; guarded by mu
+	chunks   map[memChunkKey]memChunk // published chunks; guarded by mu
+	past     []memHeld                // holdings that ended, in order, for heldAt; guarded by mu
+	// log is every write's changes, a batch per revision, for the
+	// feeds; grew is closed, and replaced, at each batch. Guarded by mu.
+	log    []feedBatch
+	grew   chan struct{}
+	rev    int64               // the store's revision: one more at every write; guarded by mu
+	faults map[string]memFault // by operation ("begin", "renew", …); guarded by mu
+	ended  []string            // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
 }
 
 // memLease is one session as the store has it.
@@ -37,9 +43,18 @@ type memLease struct {
 
 // memMember is a member record.
 type memMember struct {
-	session sessionID
-	digest  string
-	leaving bool
+	session  sessionID
+	digest   string
+	leaving  bool
+	created  int64 // the revision that created it: kept when it is moved or written again
+	modified int64 // the revision of its last write
+}
+
+// memHeld is a holding that ended: name was held from revision from
+// until revision to.
+type memHeld struct {
+	name     string
+	from, to int64
 }
 
 // memClaim is one name's holding.
@@ -47,6 +62,19 @@ type memClaim struct {
 	session sessionID
 	holder  string // the holder's replica ID
 	rev     int64  // the revision that created it
+}
+
+// memChunkKey names a published chunk, as etcd's key does.
+type memChunkKey struct {
+	member, digest string
+	i, n           int
+}
+
+// memChunk is a published chunk.
+type memChunk struct {
+	session  sessionID
+	data     []byte
+	modified int64 // the revision that wrote it
 }
 
 // memClaimPrefix is what Claim.Key holds before the name.
@@ -71,6 +99,8 @@ func newMemStore() *memStore {
 		sessions: map[sessionID]*memLease{},
 		members:  map[string]memMember{},
 		claims:   map[string]memClaim{},
+		chunks:   map[memChunkKey]memChunk{},
+		grew:     make(chan struct{}),
 		faults:   map[string]memFault{},
 	}
 }
@@ -106,14 +136,24 @@ func (s *memStore) endLocked(id sessionID, why string) {
 	l := s.sessions[id]
 	delete(s.sessions, id)
 	s.rev++ // the session's record and holdings go in one revision
+	var gone []change
 	if s.members[l.member].session == id {
 		delete(s.members, l.member)
+		gone = append(gone, change{kind: memberGone, member: l.member})
 	}
 	for name, c := range s.claims {
 		if c.session == id {
-			delete(s.claims, name)
+			s.dropClaimLocked(name, c)
+			gone = append(gone, change{kind: claimGone, name: name})
 		}
 	}
+	for k, c := range s.chunks {
+		if c.session == id {
+			delete(s.chunks, k)
+			gone = append(gone, change{kind: chunkGone, chunk: k.chunk(nil)})
+		}
+	}
+	s.emitLocked(gone...)
 	s.ended = append(s.ended, fmt.Sprintf("%s %d %s", l.member, id, why))
 }
 
@@ -182,7 +222,13 @@ func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duratio
 		b.st.rev++
 		s = session{id: b.st.next, sent: sent, joinedAt: b.st.rev}
 		b.st.sessions[s.id] = &memLease{member: b.id, ttl: ttl, granted: now}
-		b.st.members[b.id] = memMember{session: s.id, digest: digest}
+		m := memMember{session: s.id, digest: digest, created: b.st.rev, modified: b.st.rev}
+		if held, ok := b.st.members[b.id]; ok {
+			m.created = held.created // moved: joinedAt is where it was found, as etcd's
+			s.joinedAt = b.st.rev - 1
+		}
+		b.st.members[b.id] = m
+		b.st.emitLocked(m.put(b.id))
 		return nil
 	})
 	if err != nil && s.id != 0 {
@@ -241,6 +287,12 @@ func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted 
 	return left, granted, err
 }
 
+// peerLeft reads another's session as timeLeft does: the store keeps
+// every session's time.
+func (b *memBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	return b.timeLeft(ctx, id)
+}
+
 // live fails with errSessionEnded unless session id lives. Under mu.
 func (s *memStore) liveLocked(id sessionID) error {
 	if _, ok := s.sessions[id]; !ok {
@@ -256,7 +308,8 @@ func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string,
 		}
 		if m, ok := b.st.members[b.id]; ok && m.session == id {
 			b.st.rev++
-			b.st.members[b.id] = memMember{session: id, digest: digest, leaving: leaving}
+			b.st.members[b.id] = memMember{session: id, digest: digest, leaving: leaving, created: m.created, modified: b.st.rev}
+			b.st.emitLocked(b.st.members[b.id].put(b.id))
 			written = true
 		}
 		return nil
@@ -272,8 +325,9 @@ func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest stri
 		m, ok := b.st.members[b.id]
 		if !ok {
 			b.st.rev++
-			m = memMember{session: id, digest: digest}
+			m = memMember{session: id, digest: digest, created: b.st.rev, modified: b.st.rev}
 			b.st.members[b.id] = m
+			b.st.emitLocked(m.put(b.id))
 		}
 		under, found = m.session, true
 		return nil
@@ -297,10 +351,13 @@ func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (g
 		}
 		if free {
 			b.st.rev++
+			puts := make([]change, 0, len(names))
 			for _, name := range names {
 				b.st.claims[name] = memClaim{session: id, holder: b.id, rev: b.st.rev}
 				got = append(got, claimed{name: name, ok: true, rev: b.st.rev})
+				puts = append(puts, change{kind: claimPut, member: b.id, name: name, session: id, created: b.st.rev})
 			}
+			b.st.emitLocked(puts...)
 			return nil
 		}
 		for _, name := range names {
@@ -327,8 +384,178 @@ func (b *memBackend) release(ctx context.Context, c Claim) error {
 		name := strings.TrimPrefix(c.Key, memClaimPrefix)
 		if h, held := b.st.claims[name]; held && h.rev == c.Revision {
 			b.st.rev++
-			delete(b.st.claims, name)
+			b.st.dropClaimLocked(name, h)
+			b.st.emitLocked(change{kind: claimGone, name: name})
 		}
 		return nil
 	})
+}
+
+// publish writes every chunk at one revision, and withdraws as etcd's
+// does: the old digest's chunks, or all of this member's for "".
+func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+	return b.st.call(ctx, "publish", func(time.Time) error {
+		if err := b.st.liveLocked(id); err != nil {
+			return err
+		}
+		b.st.rev++
+		var changed []change
+		for i, c := range chunks {
+			k := memChunkKey{b.id, digest, i, len(chunks)}
+			b.st.chunks[k] = memChunk{session: id, data: c, modified: b.st.rev}
+			changed = append(changed, change{kind: chunkPut, chunk: k.chunk(c)})
+		}
+		for k := range b.st.chunks {
+			if k.member == b.id && (digest == "" || (old != digest && k.digest == old)) {
+				delete(b.st.chunks, k)
+				changed = append(changed, change{kind: chunkGone, chunk: k.chunk(nil)})
+			}
+		}
+		b.st.emitLocked(changed...)
+		return nil
+	})
+}
+
+// fetch reads member's chunks of digest at the store's revision.
+func (b *memBackend) fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error) {
+	err = b.st.call(ctx, "fetch", func(time.Time) error {
+		chunks, at = nil, b.st.rev
+		for k, c := range b.st.chunks {
+			if k.member == member && k.digest == digest {
+				chunks = append(chunks, setChunk{member: member, digest: digest, i: k.i, n: k.n, data: c.data})
+			}
+		}
+		return nil
+	})
+	return chunks, at, err
+}
+
+// dropClaimLocked ends the holding c of name at the current revision.
+func (s *memStore) dropClaimLocked(name string, c memClaim) {
+	delete(s.claims, name)
+	s.past = append(s.past, memHeld{name: name, from: c.rev, to: s.rev})
+}
+
+// list returns every record at the store's revision, in one read.
+func (b *memBackend) list(ctx context.Context) (records []change, at int64, err error) {
+	err = b.st.call(ctx, "list", func(time.Time) error {
+		records, at = nil, b.st.rev
+		for id, m := range b.st.members {
+			c := m.put(id)
+			c.at = m.modified
+			records = append(records, c)
+		}
+		for name, c := range b.st.claims {
+			records = append(records, change{kind: claimPut, at: c.rev, member: c.holder, name: name, session: c.session, created: c.rev})
+		}
+		for k, c := range b.st.chunks {
+			records = append(records, change{kind: chunkPut, at: c.modified, chunk: k.chunk(c.data)})
+		}
+		return nil
+	})
+	return records, at, err
+}
+
+// heldAt answers from the live holdings and the ended ones, all kept.
+func (b *memBackend) heldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
+	err = b.st.call(ctx, "heldAt", func(time.Time) error {
+		names = map[string]bool{}
+		for name, c := range b.st.claims {
+			if c.rev <= at {
+				names[name] = true
+			}
+		}
+		for _, h := range b.st.past {
+			if h.from <= at && at < h.to {
+				names[h.name] = true
+			}
+		}
+		return nil
+	})
+	return names, err
+}
+
+// put is the change that writes m, the record of member id.
+func (m memMember) put(id string) change {
+	return change{kind: memberPut, member: id, session: m.session, created: m.created, digest: m.digest, leaving: m.leaving}
+}
+
+// chunk is the chunk k names, holding data.
+func (k memChunkKey) chunk(data []byte) setChunk {
+	return setChunk{member: k.member, digest: k.digest, i: k.i, n: k.n, data: data}
+}
+
+// emitLocked logs changes as the batch of the current revision, and
+// wakes the feeds. A write that changed nothing logs nothing.
+func (s *memStore) emitLocked(changes ...change) {
+	if len(changes) == 0 {
+		return
+	}
+	for i := range changes {
+		changes[i].at = s.rev
+	}
+	s.log = append(s.log, feedBatch{changes: changes, at: s.rev})
+	close(s.grew)
+	s.grew = make(chan struct{})
+}
+
+// memFeed delivers the store's log from a position. Sessions expire in
+// the store when a call comes (reapLocked): their deletions reach the
+// feeds then, not at the moment the validity ran out.
+type memFeed struct {
+	out  chan feedBatch
+	quit chan struct{} // closed by stop
+	ran  chan struct{} // closed as the feed's goroutine returns
+}
+
+// watch delivers the log's batches after from, one at a time, from a
+// goroutine that stop ends.
+func (b *memBackend) watch(from int64, wg *sync.WaitGroup) feed {
+	f := &memFeed{out: make(chan feedBatch), quit: make(chan struct{}), ran: make(chan struct{})}
+	wg.Add(1)
+	go func() { // owned by the feed; joined by stop, and through wg
+		defer wg.Done()
+		defer close(f.ran)
+		f.run(b.st, from)
+	}()
+	return f
+}
+
+// run sends the log's batches after from to out until stop.
+func (f *memFeed) run(s *memStore, from int64) {
+	next := 0 // the log's index of the next batch to deliver
+	for {
+		s.mu.Lock()
+		for next < len(s.log) && s.log[next].at <= from {
+			next++
+		}
+		var b feedBatch
+		has := next < len(s.log)
+		if has {
+			b = s.log[next]
+			next++
+		}
+		grew := s.grew
+		s.mu.Unlock()
+		if !has {
+			select {
+			case <-grew:
+				continue
+			case <-f.quit:
+				return
+			}
+		}
+		select {
+		case f.out <- b:
+		case <-f.quit:
+			return
+		}
+	}
+}
+
+func (f *memFeed) batches() <-chan feedBatch { return f.out }
+
+func (f *memFeed) stop() {
+	close(f.quit)
+	<-f.ran
 }

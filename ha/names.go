@@ -18,9 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // namesSegment is the key element after the Prefix under which a member
@@ -164,12 +161,24 @@ func parseChunkKey(rest string) (id, digest string, i, n int, ok bool) {
 	return parts[0], parts[1], i, n, true
 }
 
+// parseChunk returns the chunk that key, holding value, is; ok is false
+// for a key that is not a chunk's.
+func (k keys) parseChunk(key string, value []byte) (c setChunk, ok bool) {
+	rest, ok := strings.CutPrefix(key, k.names)
+	if !ok {
+		return setChunk{}, false
+	}
+	c.member, c.digest, c.i, c.n, ok = parseChunkKey(rest)
+	c.data = value
+	return c, ok
+}
+
 // putChunkLocked brings a chunk of a published set into the view; the set
 // is decoded once its last chunk came, and placement is computed afresh.
 // A replica's own set is not kept: it knows its names.
-func (r *Replica) putChunkLocked(rest string, value []byte) {
-	id, digest, i, n, ok := parseChunkKey(rest)
-	if !ok || id == r.opts.ID {
+func (r *Replica) putChunkLocked(c setChunk) {
+	id, digest, i, n := c.member, c.digest, c.i, c.n
+	if id == r.opts.ID {
 		return
 	}
 	k := id + "/" + digest
@@ -185,7 +194,7 @@ func (r *Replica) putChunkLocked(rest string, value []byte) {
 	if s.chunks[i] == nil {
 		s.have++
 	}
-	s.chunks[i] = value
+	s.chunks[i] = c.data
 	if s.have < n || s.names != nil {
 		return // incomplete, or a chunk written again into a complete set
 	}
@@ -206,12 +215,9 @@ func (r *Replica) putChunkLocked(rest string, value []byte) {
 // its set again under its new lease while its old lease, revoked, takes
 // the chunks not written again yet. Dropping the whole set there would
 // leave it incomplete for good. A set with no chunk left is forgotten.
-func (r *Replica) deleteChunkLocked(rest string) {
-	id, digest, i, n, ok := parseChunkKey(rest)
-	if !ok {
-		return
-	}
-	k := id + "/" + digest
+func (r *Replica) deleteChunkLocked(c setChunk) {
+	i, n := c.i, c.n
+	k := c.member + "/" + c.digest
 	s := r.sets[k]
 	if s == nil || len(s.chunks) != n || s.chunks[i] == nil {
 		return
@@ -437,40 +443,27 @@ func (r *Replica) keepNameSet(ep *epoch) {
 	}
 }
 
-// publishNames writes names as the set with digest want (none when want
-// is ""), and then deletes the set of digest old; it retries each request
-// until etcd answers or the epoch ends.
+// publishNames publishes names as the set with digest want (none when
+// want is ""), withdrawing the set of digest old (backend.publish); it
+// tries again until the store answers or the epoch ends.
 func (r *Replica) publishNames(ep *epoch, want, old string, names []string) {
 	defer ep.wg.Done()
-	var ops []clientv3.Op
+	var chunks [][]byte
 	if want != "" {
 		slices.Sort(names)
-		chunks := encodeNames(names)
-		for i, c := range chunks {
-			ops = append(ops, clientv3.OpPut(r.keys.chunkKey(r.opts.ID, want, i, len(chunks)), string(c), clientv3.WithLease(ep.lease)))
+		chunks = encodeNames(names)
+	}
+	for {
+		err := r.be.publish(ep.ctx, sessionID(ep.lease), want, old, chunks)
+		if errors.Is(err, errSessionEnded) {
+			ep.fence.expire(errLeaseLost)
+			return
 		}
-	}
-	switch {
-	case want == "":
-		ops = append(ops, clientv3.OpDelete(r.keys.names+r.opts.ID+"/", clientv3.WithPrefix()))
-	case old != "" && old != want:
-		ops = append(ops, clientv3.OpDelete(r.keys.names+r.opts.ID+"/"+old+"/", clientv3.WithPrefix()))
-	}
-	for _, op := range ops {
-		for {
-			ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
-			_, err := r.cli.Do(ctx, op)
-			cancel()
-			if isLeaseNotFound(err) {
-				ep.fence.expire(errLeaseLost)
-				return
-			}
-			if err == nil {
-				break
-			}
-			if !pause(ep.ctx, retryAfter) {
-				return
-			}
+		if err == nil {
+			break
+		}
+		if !pause(ep.ctx, retryAfter) {
+			return
 		}
 	}
 	r.report(ep, result{kind: published, digest: want})
@@ -528,10 +521,10 @@ func (r *Replica) keepFetch(ep *epoch) {
 }
 
 // fetchedSet is what one read of a member's published set found: its
-// chunks, at the revision rev.
+// chunks, at the position at.
 type fetchedSet struct {
-	rev int64
-	kvs []*mvccpb.KeyValue
+	at     int64
+	chunks []setChunk
 }
 
 // fetchNameSets reads the set each member in want published for its
@@ -542,30 +535,28 @@ func (r *Replica) fetchNameSets(ep *epoch, want map[string]string) {
 	var sets []fetchedSet
 	for id, d := range want {
 		ctx, cancel := r.be.request(ep.ctx)
-		resp, err := r.cli.Get(ctx, r.keys.names+id+"/"+d+"/", clientv3.WithPrefix())
+		chunks, at, err := r.be.fetch(ctx, id, d)
 		cancel()
-		if err == nil && len(resp.Kvs) > 0 {
-			sets = append(sets, fetchedSet{rev: resp.Header.Revision, kvs: resp.Kvs})
+		if err == nil && len(chunks) > 0 {
+			sets = append(sets, fetchedSet{at: at, chunks: chunks})
 		}
 	}
 	r.report(ep, result{kind: fetched, sets: sets})
 }
 
 // putFetchedLocked brings the chunks read by fetchNameSets into the view,
-// each read only if it is ahead of the view: events up to its revision
-// are still to come from the watch, which brings every later change of
-// these keys. A read the view has passed is dropped, as the watch
+// each read only if it is ahead of the view: changes up to its position
+// are still to come from the feed, which brings every later change of
+// these chunks. A read the view has passed is dropped, as the feed
 // brought the same chunks or their deletion. A chunk that comes twice is
 // taken once (putChunkLocked).
 func (r *Replica) putFetchedLocked(sets []fetchedSet) {
 	for _, s := range sets {
-		if s.rev <= r.viewRev {
+		if s.at <= r.viewRev {
 			continue
 		}
-		for _, kv := range s.kvs {
-			if rest, ok := strings.CutPrefix(string(kv.Key), r.keys.names); ok {
-				r.putChunkLocked(rest, kv.Value)
-			}
+		for _, c := range s.chunks {
+			r.putChunkLocked(c)
 		}
 	}
 }

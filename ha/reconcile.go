@@ -9,11 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"strings"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -78,29 +75,24 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		if ep.settle != nil {
 			settled = ep.settle.C
 		}
-		var created <-chan clientv3.WatchChan
-		var events clientv3.WatchChan
-		var check <-chan time.Time
-		if w := ep.watch; w != nil {
-			created, events, check = w.created, w.ch, w.check.C
+		var batches <-chan feedBatch
+		if ep.watch != nil {
+			batches = ep.watch.batches()
 		}
 		select {
 		case <-ep.fence.ctx.Done():
 			return nil
 		case req := <-r.stopReq:
 			return &req
-		case ch := <-created:
-			ep.watch.created, ep.watch.ch = nil, ch
-		case wr, ok := <-events:
-			if !ok || wr.Err() != nil {
+		case b := <-batches:
+			if b.err != nil {
 				r.dropWatch(ep)
-				r.retryLater(ep)
+				if !errors.Is(b.err, errFeedSilent) {
+					r.retryLater(ep) // a silent one is given up after a long wait already
+				}
 				continue
 			}
-			ep.watch.heard = time.Now()
-			r.apply(ep, wr)
-		case now := <-check:
-			r.checkWatchNow(ep, now)
+			r.apply(ep, b)
 		case <-r.wake:
 		case res := <-ep.results:
 			r.handle(ep, res)
@@ -139,27 +131,21 @@ func (r *Replica) retryLater(ep *epoch, names ...string) {
 	}
 }
 
-// relist reads every member and claim key, replaces the view with them,
-// and starts a watch from their revision (startWatch).
+// relist lists the group (backend.list), replaces the view with the
+// listing, and starts the feed from its position (backend.watch).
 func (r *Replica) relist(ep *epoch) error {
-	// At one revision: the claims and members a page of r.listPage keys
-	// at a time, the published sets setPage chunks at a time, and what
-	// else the prefix holds (nothing of ours) like the first.
-	setsStart, setsEnd := r.keys.names, clientv3.GetPrefixRangeEnd(r.keys.names)
-	kvs, rev, err := r.listRange(ep.ctx, ep.fence.ctx, r.keys.all, setsStart, 0, r.listPage)
+	// The loop waits for the listing (a fence pass, Close and Leave's
+	// context still end it at once): a listing of 100,000 claims under
+	// load may take seconds.
+	ctx, cancel := context.WithCancel(ep.ctx)
+	defer cancel()
+	stop := context.AfterFunc(ep.fence.ctx, cancel)
+	defer stop()
+	records, rev, err := r.be.list(ctx)
 	if err != nil {
 		return err
 	}
-	sets, _, err := r.listRange(ep.ctx, ep.fence.ctx, setsStart, setsEnd, rev, setPage)
-	if err != nil {
-		return err
-	}
-	rest, _, err := r.listRange(ep.ctx, ep.fence.ctx, setsEnd, clientv3.GetPrefixRangeEnd(r.keys.all), rev, r.listPage)
-	if err != nil {
-		return err
-	}
-	kvs = append(append(kvs, sets...), rest...)
-	before := r.handedBeforeListing(ep)
+	before := r.handedBeforeListing(ctx, ep)
 	r.mu.Lock()
 	prevMembers, prevLeaving := r.prevMembers, r.prevLeaving
 	if prevMembers == nil {
@@ -180,8 +166,8 @@ func (r *Replica) relist(ep *epoch) error {
 	r.place = nil
 	r.listedRev = rev
 	r.heard = time.Now()
-	for _, kv := range kvs {
-		r.putLocked(kv, time.Time{})
+	for _, c := range records {
+		r.putLocked(c, time.Time{})
 	}
 	for name, c := range r.claims {
 		if p, ok := prev[name]; ok && p.rev == c.rev {
@@ -205,103 +191,21 @@ func (r *Replica) relist(ep *epoch) error {
 		r.memberLost = true // deleted while no watch ran (putLocked saw any other lease)
 	}
 	r.mu.Unlock()
-	w := r.startWatch(ep, rev)
+	w := r.be.watch(rev, &ep.wg)
 	ep.watch, ep.watchCancel = w, w.stop
 	return nil
 }
 
-// listPage is how many keys one request of a listing reads at most
-// (Replica.listPage; tests set less). A
-// listing of 100,000 claims in one answer, about 10 MB, outlasted
-// RequestTimeout (750ms at TTL 2s) on a server busy with the releases of
-// a join, and was read again whole after each timeout, for 4 s
-// (TestUpgradeScaleMeasurement); a page of 10,000 keys takes a tenth.
-const listPage = 10000
-
-// setPage is how many chunks of published sets one request of a listing
-// reads: at most maxChunk each, 1 MiB a page, where a page of listPage
-// chunks could be as large as the whole listing once was.
-const setPage = 2
-
-// listAll reads every key under prefix at one revision (see listRange),
-// r.listPage keys a page.
-func (r *Replica) listAll(ctx, passed context.Context, prefix string, rev int64, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, int64, error) {
-	return r.listRange(ctx, passed, prefix, clientv3.GetPrefixRangeEnd(prefix), rev, r.listPage, opts...)
-}
-
-// listRange reads every key in [start, end) at one revision, rev or (0)
-// the revision of the first page's read, perPage keys per request, each
-// bounded by RequestTimeout and cancelled when ctx or passed (the fence's:
-// the loop waits for the answer, and must see the fence pass) ends. It
-// returns the keys, in order, and the revision read. Any error fails it,
-// a revision compacted between pages included: the caller lists again.
-// The loop waits for every page: a listing of 100,000 claims under load
-// may take seconds (a fence pass, Close and Leave's context still end it
-// at once).
-func (r *Replica) listRange(ctx, passed context.Context, start, end string, rev int64, perPage int, opts ...clientv3.OpOption) ([]*mvccpb.KeyValue, int64, error) {
-	var kvs []*mvccpb.KeyValue
-	for key := start; ; {
-		page := append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(perPage))}, opts...)
-		if rev != 0 {
-			page = append(page, clientv3.WithRev(rev))
-		}
-		resp, err := r.readPage(ctx, passed, key, rev != 0, page)
-		if err != nil {
-			return nil, 0, err
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		kvs = append(kvs, resp.Kvs...)
-		if !resp.More || len(resp.Kvs) == 0 {
-			return kvs, rev, nil
-		}
-		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00" // the next key after the page's last
-	}
-}
-
-// readPage reads one page of a listing. A page at a revision already read (known)
-// is read serializably: answered by the member the client reaches from
-// what it has applied, without waiting, as a linearizable read does, for
-// the member to apply every write committed before it. A join's 25,000
-// releases kept each linearizable page of 10,000 claims waiting about
-// 0.5 s (TestUpgradeScaleMeasurement). The data at a revision does not
-// change, so any member that has applied it answers alike; one that has
-// not yet (a follower behind) refuses with a future-revision error, and
-// the page is read again linearizably.
-func (r *Replica) readPage(ctx, passed context.Context, key string, known bool, page []clientv3.OpOption) (*clientv3.GetResponse, error) {
-	get := func(opts []clientv3.OpOption) (*clientv3.GetResponse, error) {
-		rctx, cancel := r.be.request(ctx)
-		defer cancel()
-		stop := context.AfterFunc(passed, cancel)
-		defer stop()
-		return r.cli.Get(rctx, key, opts...)
-	}
-	if !known {
-		return get(page)
-	}
-	resp, err := get(append(page[:len(page):len(page)], clientv3.WithSerializable()))
-	if isFutureRev(err) {
-		return get(page)
-	}
-	return resp, err
-}
-
-// isFutureRev reports whether err is etcd's refusal of a read at a
-// revision the member has not applied yet.
-func isFutureRev(err error) bool {
-	return errors.Is(err, rpctypes.ErrFutureRev) || errors.Is(err, rpctypes.ErrGRPCFutureRev)
-}
-
 // handedBeforeListing returns, at the first listing of a settling epoch,
-// the names whose claim existed when the member key was written: the
+// the names held when the member record was written (backend.heldAt): the
 // other members may have released them to this replica before the watch,
 // which starts at the listing, could show it. Those still held at the
 // listing are left out by the caller; the others were handed over, and
 // are claimed at once rather than after the settling. Nil when there is
-// nothing to look for, or etcd cannot say (the revision compacted): then
-// they wait for the settling's end, as before.
-func (r *Replica) handedBeforeListing(ep *epoch) map[string]bool {
+// nothing to look for, or the store cannot say (etcd: the revision
+// compacted): then they wait for the settling's end, as before. ctx
+// bounds it, as it does the listing.
+func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string]bool {
 	r.mu.Lock()
 	settling := r.handed != nil
 	r.mu.Unlock()
@@ -310,134 +214,123 @@ func (r *Replica) handedBeforeListing(ep *epoch) map[string]bool {
 	if !settling || rev == 0 {
 		return nil
 	}
-	kvs, _, err := r.listAll(ep.ctx, ep.fence.ctx, r.keys.claims, rev, clientv3.WithKeysOnly())
+	names, err := r.be.heldAt(ctx, rev)
 	if err != nil {
 		return nil
-	}
-	names := make(map[string]bool, len(kvs))
-	for _, kv := range kvs {
-		names[strings.TrimPrefix(string(kv.Key), r.keys.claims)] = true
 	}
 	return names
 }
 
-// apply brings a watch response's events into the view, and moves the
-// view's revision to the last one the watch has delivered in full: its
-// last event's, or the header's of a progress notification, which etcd
-// sends only once every watcher of the stream has been sent every event
-// up to it. Never a response's header otherwise: a watcher more than
-// 1,000 revisions behind gets etcd's catch-up batches, each of at most
-// 1,000 revisions and each carrying the store's current revision, and a
-// claim created after a batch's last event would look deleted
-// (stepLocked's lost) while its creation is still on the way.
-func (r *Replica) apply(ep *epoch, wr clientv3.WatchResponse) {
+// apply brings a batch of the feed into the view, and moves the view's
+// position to the batch's (feedBatch.at). The deletions of a session's
+// end come at one position, in one batch: they are judged a position at
+// a time (endsLocked).
+func (r *Replica) apply(ep *epoch, b feedBatch) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.heard = now
-	if wr.IsProgressNotify() {
-		r.viewRev = max(r.viewRev, wr.Header.Revision)
-		return
-	}
-	// A lease's end deletes its keys in one revision, which etcd never
-	// splits between responses: the deletions are judged a revision at a
-	// time (endsLocked).
 	var ends lastEnds
-	for _, ev := range wr.Events {
-		if ev.Kv.ModRevision != ends.rev {
+	for _, c := range b.changes {
+		if c.at != ends.rev {
 			r.endsLocked(ep, &ends, now)
-			ends.rev = ev.Kv.ModRevision
+			ends.rev = c.at
 		}
-		r.viewRev = max(r.viewRev, ev.Kv.ModRevision)
-		if ev.Type == mvccpb.PUT {
-			r.putLocked(ev.Kv, now)
-			continue
-		}
-		key := string(ev.Kv.Key)
-		if id, ok := strings.CutPrefix(key, r.keys.members); ok {
-			if id == r.opts.ID && ev.Kv.ModRevision > r.listedRev {
-				// (A deletion at or before the listing comes again from a
-				// watch that starts at the listed revision: the relist
-				// saw it already.)
-				r.memberLost = true
-			}
-			if lease, had := r.memberLeases[id]; had {
-				if id == r.opts.ID && lease == ep.lease {
-					ends.own++
-				}
-				r.gone[id] = goneMember{lease: lease, leaving: r.leaving[id] == lease}
-				if id != r.opts.ID {
-					if r.gone[id].leaving {
-						r.log.Info(fmt.Sprintf("member %q left", id), "lease", leaseHex(lease))
-					} else {
-						r.log.Info(fmt.Sprintf("member %q is gone: its key was deleted, with its lease or alone", id), "lease", leaseHex(lease))
-					}
-				}
-			}
-			delete(r.memberLeases, id)
-			delete(r.leaving, id)
-			delete(r.memberNames, id)
-			if _, had := r.members[id]; had {
-				delete(r.members, id)
-				r.membershipChangedLocked()
-			}
-		} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
-			if c, had := r.claims[name]; had {
-				if c.lease == ep.lease {
-					ends.own++
-				} else {
-					if ends.claims == nil {
-						ends.claims = make(map[string]claimView) // only when others' claims go
-					}
-					ends.claims[name] = c
-				}
-			}
-			delete(r.claims, name)
-			r.dirty[name] = struct{}{}
-			if r.handed != nil {
-				r.handed[name] = struct{}{}
-			}
-		} else if rest, ok := strings.CutPrefix(key, r.keys.names); ok {
-			r.deleteChunkLocked(rest)
-		}
+		r.changeLocked(ep, &ends, c, now)
 	}
 	r.endsLocked(ep, &ends, now)
+	r.viewRev = max(r.viewRev, b.at)
 }
 
-// putLocked brings a key into the view. seen is when the watch delivered
-// it; zero from a listing.
-func (r *Replica) putLocked(kv *mvccpb.KeyValue, seen time.Time) {
-	key := string(kv.Key)
-	if id, ok := strings.CutPrefix(key, r.keys.members); ok {
-		if id == r.opts.ID && clientv3.LeaseID(kv.Lease) != r.lease {
+// changeLocked brings a change the watch delivered at seen into the
+// view; the deletions of its position are collected in ends.
+func (r *Replica) changeLocked(ep *epoch, ends *lastEnds, c change, seen time.Time) {
+	switch c.kind {
+	case memberPut, claimPut, chunkPut:
+		r.putLocked(c, seen)
+	case memberGone:
+		id := c.member
+		if id == r.opts.ID && c.at > r.listedRev {
+			// (A deletion at or before the listing comes again from a
+			// watch that starts at the listed revision: the relist saw
+			// it already.)
 			r.memberLost = true
 		}
-		lease := clientv3.LeaseID(kv.Lease)
+		if lease, had := r.memberLeases[id]; had {
+			if id == r.opts.ID && lease == ep.lease {
+				ends.own++
+			}
+			r.gone[id] = goneMember{lease: lease, leaving: r.leaving[id] == lease}
+			if id != r.opts.ID {
+				if r.gone[id].leaving {
+					r.log.Info(fmt.Sprintf("member %q left", id), "lease", leaseHex(lease))
+				} else {
+					r.log.Info(fmt.Sprintf("member %q is gone: its key was deleted, with its lease or alone", id), "lease", leaseHex(lease))
+				}
+			}
+		}
+		delete(r.memberLeases, id)
+		delete(r.leaving, id)
+		delete(r.memberNames, id)
+		if _, had := r.members[id]; had {
+			delete(r.members, id)
+			r.membershipChangedLocked()
+		}
+	case claimGone:
+		name := c.name
+		if held, had := r.claims[name]; had {
+			if held.lease == ep.lease {
+				ends.own++
+			} else {
+				if ends.claims == nil {
+					ends.claims = make(map[string]claimView) // only when others' claims go
+				}
+				ends.claims[name] = held
+			}
+		}
+		delete(r.claims, name)
+		r.dirty[name] = struct{}{}
+		if r.handed != nil {
+			r.handed[name] = struct{}{}
+		}
+	case chunkGone:
+		r.deleteChunkLocked(c.chunk)
+	}
+}
+
+// putLocked brings a record put into the view. seen is when the watch
+// delivered it; zero from a listing.
+func (r *Replica) putLocked(c change, seen time.Time) {
+	switch c.kind {
+	case memberPut:
+		id, lease := c.member, clientv3.LeaseID(c.session)
+		if id == r.opts.ID && lease != r.lease {
+			r.memberLost = true
+		}
 		r.memberLeases[id] = lease
-		digest, leaving := parseMemberValue(id, string(kv.Value))
-		if leaving {
+		if c.leaving {
 			r.leaving[id] = lease
 		}
 		r.liftLocked(id)
-		if rev, had := r.members[id]; !had || rev != kv.CreateRevision {
-			r.members[id] = kv.CreateRevision
+		if rev, had := r.members[id]; !had || rev != c.created {
+			r.members[id] = c.created
 			r.membershipChangedLocked()
 		}
-		if old, had := r.memberNames[id]; !had || old != digest {
-			r.memberNames[id] = digest
+		if old, had := r.memberNames[id]; !had || old != c.digest {
+			r.memberNames[id] = c.digest
 			r.membershipChangedLocked() // whose published set counts changed
 		}
-	} else if name, ok := strings.CutPrefix(key, r.keys.claims); ok {
-		c := claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
-		if old, had := r.claims[name]; had && old.rev == c.rev && !old.since.IsZero() {
-			c.since = old.since // the same holding, put again (a watch replayed from the listing)
-		} else if c.rev > r.listedRev {
-			c.since = seen // created after the listing: seen within a round trip
+	case claimPut:
+		v := claimView{holder: c.member, lease: clientv3.LeaseID(c.session), rev: c.created}
+		if old, had := r.claims[c.name]; had && old.rev == v.rev && !old.since.IsZero() {
+			v.since = old.since // the same holding, put again (a watch replayed from the listing)
+		} else if v.rev > r.listedRev {
+			v.since = seen // created after the listing: seen within a round trip
 		}
-		r.claims[name] = c
-		r.dirty[name] = struct{}{}
-	} else if rest, ok := strings.CutPrefix(key, r.keys.names); ok {
-		r.putChunkLocked(rest, kv.Value)
+		r.claims[c.name] = v
+		r.dirty[c.name] = struct{}{}
+	case chunkPut:
+		r.putChunkLocked(c.chunk)
 	}
 }
 
@@ -735,4 +628,10 @@ func (r *Replica) handle(ep *epoch, res result) {
 			r.emit(Event{Kind: Released, Lease: ep.lease, Name: res.name, Revision: s.claim.Revision, Reason: s.reason})
 		}
 	}
+}
+
+// dropWatch stops the epoch's feed; the loop lists and watches anew.
+func (r *Replica) dropWatch(ep *epoch) {
+	ep.watch.stop()
+	ep.watch, ep.watchCancel = nil, nil
 }

@@ -45,8 +45,7 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // them and joins them. Every method is safe for concurrent use.
 type Replica struct {
 	// Immutable after New.
-	cli   *clientv3.Client // what is not behind be yet (backend.go)
-	be    backend
+	be    backend // the store: etcd's, made from New's client
 	opts  Options
 	keys  keys
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
@@ -68,10 +67,6 @@ type Replica struct {
 	// halved by the claim workers for a server that takes fewer operations
 	// (claimAll). Atomic.
 	claimBatch atomic.Int32
-
-	// listPage is how many keys one request of a listing reads: listPage.
-	// Immutable; tests set it lower before Join.
-	listPage int
 
 	// stopping parents every etcd request of the loop and of its epochs;
 	// abort cancels it when Close is called or Leave's context ends, so
@@ -273,7 +268,6 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	}
 	inner := controller.NewManager(managerOptions(opts)...)
 	r := &Replica{
-		cli:     cli,
 		opts:    opts,
 		keys:    keysOf(opts.Prefix),
 		log:     inner.Logger(),
@@ -301,7 +295,6 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	r.stopping, r.abort = context.WithCancel(context.Background())
 	r.be = newEtcdBackend(cli, opts, r.keys, r.log, r.stopping)
 	r.claimBatch.Store(maxClaimBatch)
-	r.listPage = listPage
 	return r, nil
 }
 

@@ -176,7 +176,7 @@ func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
 				errs[i] = fmt.Errorf("member %q: lease %q: %w", m.ID, m.Lease, err)
 				return
 			}
-			left, _, err := r.be.timeLeft(ctx, sessionID(id))
+			left, _, err := r.be.peerLeft(ctx, sessionID(id))
 			switch {
 			case errors.Is(err, errSessionEnded):
 				errs[i] = fmt.Errorf("member %q: lease %s has expired", m.ID, m.Lease)

@@ -358,7 +358,7 @@ func TestListingReadsEveryPageAtOneRevision(t *testing.T) {
 		}
 		return got
 	}
-	kvs, rev, err := n.r.listAll(ctx, ctx, prefix, 0)
+	kvs, rev, err := n.etcd().listAll(ctx, prefix, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestListingReadsEveryPageAtOneRevision(t *testing.T) {
 	if _, err := n.cli.Put(ctx, prefix+"k00x", "later"); err != nil { // sorts into the first page
 		t.Fatal(err)
 	}
-	kvs, _, err = n.r.listAll(ctx, ctx, prefix, rev, clientv3.WithKeysOnly())
+	kvs, _, err = n.etcd().listAll(ctx, prefix, rev, clientv3.WithKeysOnly())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,13 +61,13 @@ func waitCount(t *testing.T, w *warnCounter, n int64, limit time.Duration) {
 
 // A watch that etcd never confirms (its stream answers nothing, on a
 // connection that goes on answering everything else) is replaced every
-// TTL − Margin. watch.go says a replaced watch "takes its stuck stream
-// down with it: the client closes a stream when its last watch is
-// cancelled". The client does that only for a watch it has registered
-// (an ID from etcd): one cancelled while still being created stays in the
-// stream's resuming queue as a nil entry, and the stream's goroutines
-// and its gRPC stream live until the client is closed. With a stream of
-// its own per watch, each replacement leaves one behind.
+// TTL − Margin. The watch's code once said a replaced watch "takes its
+// stuck stream down with it: the client closes a stream when its last
+// watch is cancelled". The client does that only for a watch it has
+// registered (an ID from etcd): one cancelled while still being created
+// stays in the stream's resuming queue as a nil entry, and the stream's
+// goroutines and its gRPC stream live until the client is closed. With a
+// stream of its own per watch, each replacement leaves one behind.
 func TestReplacedUnconfirmedWatchLeavesNoStream(t *testing.T) {
 	opts := testOptions()
 	replaced := warnCounters(&opts, "watch of the prefix silent")[0]

@@ -140,6 +140,7 @@ type kubeBackend struct {
 	buckets  map[int]known                    // guarded by mu: the latest version of each bucket seen (the feed, or this replica's writes and reads)
 	members  map[string]*coordinationv1.Lease // guarded by mu: the feed's member Leases, by member ID
 	wrote    map[sessionID]map[int]struct{}   // guarded by mu: the buckets each session wrote entries into, for end
+	listed   *listing                         // guarded by mu: the last listing list answered, where watch starts (backendview.go)
 }
 
 // newKubeBackend returns the backend of member id in g, its observer
@@ -337,15 +338,19 @@ func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 // end removes session id's entries from every bucket it wrote them into
 // (removeEntries; best effort: on an error it goes on; an entry left
 // names a session whose Lease is gone, which the others take once their
-// observers count it ended), then deletes its member Lease
-// (session.end). Entries of names handed over to the session by others,
-// which it never wrote, are removed if the feed brought their bucket.
+// observers count it ended), withdraws its published sets, then deletes
+// its member Lease (session.end). Entries of names handed over to the
+// session by others, which it never wrote, are removed if the feed
+// brought their bucket.
 func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
 	s := b.live(id)
 	if s == nil {
 		return b.ended(id)
 	}
 	b.removeEntries(ctx, id, s)
+	if err := b.withdraw(ctx, publisherLabel+"="+memberHash(b.id)); err != nil {
+		b.log.Debug(fmt.Sprintf("kube: withdrawing the sets of %s: %v", s.identity, err))
+	}
 	err := s.end(ctx)
 	b.forget(id)
 	if errors.Is(err, errSessionLost) {

@@ -6,7 +6,6 @@ package kube
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,13 +96,7 @@ func (b *kubeBackend) run(ctx context.Context) error {
 			wg.Wait()
 			return <-fed
 		case <-tick.C:
-			for _, identity := range b.o.due(time.Now()) {
-				rctx, rcancel := b.request(ctx)
-				if _, err := b.o.expire(rctx, identity); err != nil {
-					b.log.Debug(fmt.Sprintf("kube: proving %s ended: %v", identity, err))
-				}
-				rcancel()
-			}
+			b.proveDue(ctx)
 		}
 	}
 }

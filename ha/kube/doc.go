@@ -17,7 +17,8 @@
 // claimwrite.go); and a feed of the group's Leases in commit order that
 // lists again when its watch expires (feed.go). The safety argument is
 // written where their states are declared. Made of them, kubeBackend
-// (backend.go, backendfeed.go, takeover.go) answers the calls of ha's
+// (backend.go, backendfeed.go, backendview.go, backendsets.go,
+// backendwatch.go, takeover.go) answers the calls of ha's
 // backend interface, under the same names, and is held to ha's
 // conformance cases on the real API server (backend_test.go).
 //

@@ -164,7 +164,7 @@ type endSign struct {
 // between the read and the delete, the delete's precondition fails; and
 // an absence found by a read counts from the read. A version delivered
 // late is stamped late, which only delays its expiry. The observer never
-// compares resourceVersions (they are opaque): a different one is a new
+// orders resourceVersions (it needs no order): a different one is a new
 // version.
 //
 // # What is assumed

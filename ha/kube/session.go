@@ -364,6 +364,7 @@ func (s *session) update(ctx context.Context, edit func(*coordinationv1.Lease)) 
 	if edit != nil {
 		edit(next)
 	}
+	recordCreated(next)
 	sent := time.Now()
 	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it
 	got, err := s.g.renewals.Update(ctx, next, metav1.UpdateOptions{})

@@ -1,0 +1,292 @@
+// The listing, the readings of other members' sessions and the
+// published sets of kubeBackend, on the real API server as the
+// replicas (the manifest's Role alone).
+
+package kube
+
+import (
+	"bytes"
+	"compress/flate"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// replicaBackend returns the backend of member id in g on clients of its
+// own, with an observer of its own and no feed running.
+func replicaBackend(t *testing.T, g *group, id string) *kubeBackend {
+	t.Helper()
+	return newKubeBackend(otherReplica(t, needCluster(t), g, nil), id, slog.New(slog.DiscardHandler), nil, 5*time.Second)
+}
+
+// mustBeginAs begins a session of b, or fails the test.
+func mustBeginAs(t *testing.T, b *kubeBackend, digest string) seamSession {
+	t.Helper()
+	s, err := b.begin(t.Context(), 0, testD, digest)
+	if err != nil {
+		t.Fatalf("begin %s: %v", b.id, err)
+	}
+	return s
+}
+
+// pairOf returns a group of its own, the backend of r0 with a session
+// begun with digest, and the backend of r1, with none.
+func pairOf(t *testing.T, digest string) (*group, *kubeBackend, seamSession, *kubeBackend) {
+	t.Helper()
+	g := newTestGroup(t, needCluster(t), 4, nil)
+	a := replicaBackend(t, g, "r0")
+	return g, a, mustBeginAs(t, a, digest), replicaBackend(t, g, "r1")
+}
+
+// recordLine renders a record of a listing or a feed for comparison;
+// sessions are named by the members whose sessions are given.
+func recordLine(c seamChange, sessions map[sessionID]string) string {
+	switch c.kind {
+	case memberPut:
+		return fmt.Sprintf("member %s of %s digest=%s leaving=%t", c.member, sessions[c.session], c.digest, c.leaving)
+	case memberGone:
+		return "gone " + c.member
+	case claimPut:
+		return fmt.Sprintf("claim %s by %s of %s", c.name, c.member, sessions[c.session])
+	case claimGone:
+		return "released " + c.name
+	case chunkPut:
+		return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.chunk.member, c.chunk.digest, c.chunk.i, c.chunk.n, c.chunk.data)
+	case chunkGone:
+		return fmt.Sprintf("chunk gone %s/%s %d/%d", c.chunk.member, c.chunk.digest, c.chunk.i, c.chunk.n)
+	}
+	return fmt.Sprintf("%+v", c)
+}
+
+// A listing reads the group at one position: every member record with
+// the position of its member Lease's create (the one renewed since as
+// well as the one not), every holding with its claim's position, every
+// published chunk, and nothing written after it. A session whose member
+// Lease an administrator deleted stays listed, its holdings too, until
+// the lister's observer counts it ended, D after the list that found it
+// gone; then neither is listed, though its entry stays in the bucket.
+// heldAt cannot say.
+func TestBackendListAtOnePosition(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	ctx := t.Context()
+	a, b, x := replicaBackend(t, g, "r0"), replicaBackend(t, g, "r1"), replicaBackend(t, g, "r2")
+	sa, sb, sx := mustBeginAs(t, a, "da"), mustBeginAs(t, b, "db"), mustBeginAs(t, x, "dx")
+	if _, err := a.renew(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.putMember(ctx, sb.id, "db2", true); !ok || err != nil {
+		t.Fatalf("putMember: %v, %v", ok, err)
+	}
+	names := append(namesIn(g, 0, 2), namesIn(g, 1, 1)...)
+	got, _, err := a.claim(ctx, sa.id, names)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("claim: %+v, %v", got, err)
+	}
+	rev := map[string]int64{}
+	for _, c := range got {
+		rev[c.name] = c.rev
+	}
+	if err := a.release(ctx, Claim{Key: names[1], Revision: rev[names[1]]}); err != nil {
+		t.Fatal(err)
+	}
+	lost := namesIn(g, 2, 1)[0]
+	if _, _, err := x.claim(ctx, sx.id, []string{lost}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.publish(ctx, sb.id, "db2", "", [][]byte{[]byte("p"), []byte("q")}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if err := c.admin.CoordinationV1().Leases(replicaNamespace).Delete(ctx, g.memberName("r2"), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sessions := map[sessionID]string{sa.id: "r0", sb.id: "r1", sx.id: "r2"}
+	joined := map[string]int64{"r0": sa.joinedAt, "r1": sb.joinedAt, "r2": sx.joinedAt}
+	listed := func() ([]string, int64) {
+		records, at, err := b.list(ctx)
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		var lines []string
+		for _, c := range records {
+			if c.at > at || c.at <= 0 {
+				t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.at, at)
+			}
+			if c.kind == memberPut && c.created != joined[c.member] {
+				t.Errorf("member %s created at %d, want its begin's %d", c.member, c.created, joined[c.member])
+			}
+			if c.kind == claimPut && c.created != rev[c.name] && c.name != lost {
+				t.Errorf("claim of %s created at %d, want its claim's %d", c.name, c.created, rev[c.name])
+			}
+			lines = append(lines, recordLine(c, sessions))
+		}
+		slices.Sort(lines)
+		return lines, at
+	}
+	lines, at := listed()
+	sameLines(t, "the listing", lines,
+		"chunk r1/db2 0/2=p",
+		"chunk r1/db2 1/2=q",
+		fmt.Sprintf("claim %s by r0 of r0", names[0]),
+		fmt.Sprintf("claim %s by r0 of r0", names[2]),
+		fmt.Sprintf("claim %s by r2 of r2", lost),
+		"member r0 of r0 digest=da leaving=false",
+		"member r1 of r1 digest=db2 leaving=true")
+	if at < rev[names[2]] {
+		t.Errorf("listed at %d, before the claim at %d", at, rev[names[2]])
+	}
+	if names, err := b.heldAt(ctx, sa.joinedAt); err == nil {
+		t.Errorf("heldAt = %v, want an error: the API server keeps no history", names)
+	}
+	time.Sleep(testD)
+	lines, _ = listed()
+	sameLines(t, "the listing D after r2's member Lease was found deleted", lines,
+		"chunk r1/db2 0/2=p",
+		"chunk r1/db2 1/2=q",
+		fmt.Sprintf("claim %s by r0 of r0", names[0]),
+		fmt.Sprintf("claim %s by r0 of r0", names[2]),
+		"member r0 of r0 digest=da leaving=false",
+		"member r1 of r1 digest=db2 leaving=true")
+	if claims, _ := bucketNow(t, c, g, 2); len(claims) != 1 {
+		t.Errorf("bucket 2 holds %v, want r2's entry still there", claims)
+	}
+}
+
+// Another replica reads a member's session from its observer's stamps:
+// about D of D when it first sees it, less as time passes unrenewed, and
+// errSessionEnded once its observer proved it ended.
+func TestBackendPeerLeftFromTheObserversStamps(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, _, sa, reader := pairOf(t, "d")
+	left, granted, err := reader.peerLeft(ctx, sa.id)
+	if err != nil || granted != testD || left > testD || left < testD-time.Second/2 {
+		t.Fatalf("peerLeft of a new session = %v of %v, %v; want about %v of %v", left, granted, err, testD, testD)
+	}
+	time.Sleep(testD / 2)
+	if left2, _, err := reader.peerLeft(ctx, sa.id); err != nil || left2 > left-testD/2 || left2 < left-testD/2-time.Second/2 {
+		t.Errorf("peerLeft D/2 later, unrenewed = %v, %v; want about %v", left2, err, left-testD/2)
+	}
+	time.Sleep(testD / 2)
+	reader.proveDue(ctx)
+	if _, _, err := reader.peerLeft(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("peerLeft once the reader's observer proved the session ended: %v, want errSessionEnded", err)
+	}
+	if _, _, err := reader.peerLeft(ctx, sa.id+1); err == nil || errors.Is(err, errSessionEnded) {
+		t.Errorf("peerLeft of a session nobody began: %v, want an error other than errSessionEnded", err)
+	}
+}
+
+// setOf returns n names as a service might register them, some
+// random, and the chunks ha would publish of them: deflated, in chunks
+// of at most 512 KiB.
+func setOf(n int) [][]byte {
+	var raw bytes.Buffer
+	for i := range n {
+		name := fmt.Sprintf("tenant-%d/job-%s", i%97, rand.Text()[:12])
+		raw.Write(binary.AppendUvarint(nil, uint64(len(name))))
+		raw.WriteString(name)
+	}
+	var z bytes.Buffer
+	w, _ := flate.NewWriter(&z, flate.DefaultCompression)
+	_, _ = w.Write(raw.Bytes())
+	_ = w.Close()
+	var chunks [][]byte
+	for all := z.Bytes(); len(all) > 0; all = all[min(len(all), 512<<10):] {
+		chunks = append(chunks, all[:min(len(all), 512<<10)])
+	}
+	return chunks
+}
+
+// A set of 100,000 names, several chunks of 512 KiB, each more than one
+// Lease can carry, is written in pieces and read back whole by another
+// replica, at a position past the write; replaced by another digest's,
+// it is gone; and the set left goes with its session's end.
+func TestBackendPublishesLargeSets(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	g, a, sa, reader := pairOf(t, "d1")
+	chunks := setOf(100000)
+	if len(chunks) < 2 || len(chunks[0]) <= pieceBytes {
+		t.Fatalf("the set is %d chunks, the first of %d bytes: want several, larger than a piece", len(chunks), len(chunks[0]))
+	}
+	if err := a.publish(ctx, sa.id, "d1", "", chunks); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if err := a.publish(ctx, sa.id, "d1", "", chunks); err != nil {
+		t.Fatalf("publish again: %v", err)
+	}
+	read := func(digest string) ([]setChunk, int64) {
+		got, at, err := reader.fetch(ctx, "r0", digest)
+		if err != nil {
+			t.Fatalf("fetch %s: %v", digest, err)
+		}
+		slices.SortFunc(got, func(a, b setChunk) int { return a.i - b.i })
+		return got, at
+	}
+	got, at := read("d1")
+	if len(got) != len(chunks) || at <= sa.joinedAt {
+		t.Fatalf("fetch read %d chunks at %d, want %d after %d", len(got), at, len(chunks), sa.joinedAt)
+	}
+	for i, ch := range got {
+		if ch.member != "r0" || ch.digest != "d1" || ch.i != i || ch.n != len(chunks) || !bytes.Equal(ch.data, chunks[i]) {
+			t.Errorf("chunk %d read back as %s/%s %d/%d of %d bytes, want r0/d1 %d/%d of %d", i, ch.member, ch.digest, ch.i, ch.n, len(ch.data), i, len(chunks), len(chunks[i]))
+		}
+	}
+	if n := pieceLeases(t, g); n <= len(chunks) {
+		t.Errorf("%d piece Leases for %d chunks, want more", n, len(chunks))
+	}
+	if err := a.publish(ctx, sa.id, "d2", "d1", [][]byte{[]byte("small")}); err != nil {
+		t.Fatalf("publish d2 in d1's place: %v", err)
+	}
+	if got, _ := read("d1"); len(got) != 0 {
+		t.Errorf("d1 after d2 replaced it: %d chunks, want none", len(got))
+	}
+	if got, _ := read("d2"); len(got) != 1 || string(got[0].data) != "small" {
+		t.Errorf("d2 = %+v, want one chunk", got)
+	}
+	if err := a.end(ctx, sa.id); err != nil {
+		t.Fatal(err)
+	}
+	if n := pieceLeases(t, g); n != 0 {
+		t.Errorf("%d piece Leases after the session's end, want none", n)
+	}
+	if err := a.publish(ctx, sa.id, "d3", "", [][]byte{[]byte("x")}); !errors.Is(err, errSessionEnded) {
+		t.Errorf("publish under an ended session: %v, want errSessionEnded", err)
+	}
+}
+
+// pieceLeases counts the piece Leases of g, as the administrator lists
+// them.
+func pieceLeases(t *testing.T, g *group) int {
+	t.Helper()
+	ls, err := needCluster(t).admin.CoordinationV1().Leases(replicaNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: groupLabel + "=" + g.name + "," + kindLabel + "=" + kindChunk})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range ls.Items {
+		if strings.Contains(l.Name, chunkInfix) {
+			n++
+		}
+	}
+	return n
+}
+
+// sameLines fails the test unless got is want, line for line.
+func sameLines(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n%s\nwant\n%s", what, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
