@@ -1,7 +1,7 @@
-// A backend held in memory, for the conformance suite and, later, for
-// tests of the shared part under testing/synctest: sessions that expire
-// on the clock of the goroutine's bubble (exact and instant there), and
-// faults injected per call.
+// A backend held in memory, for the conformance suite and for whole
+// replicas under testing/synctest: sessions that expire on the clock of
+// the goroutine's bubble (exact and instant there), and faults injected
+// per call.
 
 package ha
 
@@ -31,6 +31,7 @@ type memStore struct {
 	grew   chan struct{}
 	rev    int64               // the store's revision: one more at every write; guarded by mu
 	faults map[string]memFault // by operation ("begin", "renew", …); guarded by mu
+	cut    map[string]bool     // replicas cut off: their calls never arrive (partition); guarded by mu
 	ended  []string            // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
 }
 
@@ -77,7 +78,8 @@ type memChunk struct {
 	modified int64 // the revision that wrote it
 }
 
-// memClaimPrefix is what Claim.Key holds before the name.
+// memClaimPrefix is what Claim.Key holds before the name, for the
+// backends replica makes.
 const memClaimPrefix = "claims/"
 
 // memFault is what the store does to a call of one operation.
@@ -102,7 +104,17 @@ func newMemStore() *memStore {
 		chunks:   map[memChunkKey]memChunk{},
 		grew:     make(chan struct{}),
 		faults:   map[string]memFault{},
+		cut:      map[string]bool{},
 	}
+}
+
+// partition cuts replica id off from the store, or heals the cut: while
+// it is cut, its calls fail before they reach the store, and its
+// session, no longer renewed, expires. Its feed goes on delivering.
+func (s *memStore) partition(id string, cut bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cut[id] = cut
 }
 
 // inject makes every later call of op meet f; a zero f removes it.
@@ -117,9 +129,16 @@ func (s *memStore) inject(op string, f memFault) {
 }
 
 // replica returns the backend of replica id, its requests bounded by
-// timeout.
+// timeout, for callers that make the Claims they release with
+// memClaimPrefix.
 func (s *memStore) replica(id string, timeout time.Duration) *memBackend {
-	return &memBackend{st: s, id: id, timeout: timeout}
+	return &memBackend{st: s, id: id, timeout: timeout, claims: memClaimPrefix}
+}
+
+// of returns the backend of Replica r, which makes the Claims it
+// releases with its own claim keys (Replica.keys).
+func (s *memStore) of(r *Replica) *memBackend {
+	return &memBackend{st: s, id: r.opts.ID, timeout: r.opts.RequestTimeout, claims: r.keys.claims}
 }
 
 // reapLocked ends every session whose validity has passed at now, and
@@ -158,12 +177,17 @@ func (s *memStore) endLocked(id sessionID, why string) {
 }
 
 // call runs op's store side, act, under the store's lock, with op's
-// fault: it fails before act, or loses or delays act's answer.
-func (s *memStore) call(ctx context.Context, op string, act func(now time.Time) error) error {
+// fault: it fails before act, or loses or delays act's answer. A call of
+// a replica cut off (partition) fails before act, whatever op's fault.
+func (s *memStore) call(ctx context.Context, who, op string, act func(now time.Time) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.mu.Lock()
+	if s.cut[who] {
+		s.mu.Unlock()
+		return fmt.Errorf("ha: %s's %s never reached the store (partitioned)", who, op)
+	}
 	f := s.faults[op]
 	if f.once {
 		delete(s.faults, op)
@@ -196,6 +220,7 @@ type memBackend struct {
 	st      *memStore     // immutable
 	id      string        // immutable: Options.ID
 	timeout time.Duration // immutable: Options.RequestTimeout
+	claims  string        // immutable: what Claim.Key holds before the name
 }
 
 var _ backend = (*memBackend)(nil)
@@ -214,7 +239,7 @@ func (b *memBackend) request(parent context.Context) (context.Context, context.C
 func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (session, error) {
 	sent := time.Now()
 	var s session
-	err := b.st.call(ctx, "begin", func(now time.Time) error {
+	err := b.st.call(ctx, b.id, "begin", func(now time.Time) error {
 		if held, ok := b.st.members[b.id]; ok && held.session != prev {
 			return fmt.Errorf("%w: member %q held by session %d", ErrDuplicateID, b.id, held.session)
 		}
@@ -242,7 +267,7 @@ func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duratio
 
 func (b *memBackend) renew(ctx context.Context, id sessionID) (time.Duration, error) {
 	var valid time.Duration
-	err := b.st.call(ctx, "renew", func(now time.Time) error {
+	err := b.st.call(ctx, b.id, "renew", func(now time.Time) error {
 		l, ok := b.st.sessions[id]
 		if !ok {
 			return fmt.Errorf("%w: session %d", errSessionEnded, id)
@@ -254,7 +279,7 @@ func (b *memBackend) renew(ctx context.Context, id sessionID) (time.Duration, er
 }
 
 func (b *memBackend) end(ctx context.Context, id sessionID) error {
-	return b.st.call(ctx, "end", func(time.Time) error {
+	return b.st.call(ctx, b.id, "end", func(time.Time) error {
 		if _, ok := b.st.sessions[id]; !ok {
 			return fmt.Errorf("%w: session %d", errSessionEnded, id)
 		}
@@ -266,7 +291,7 @@ func (b *memBackend) end(ctx context.Context, id sessionID) error {
 func (b *memBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
 	var id sessionID
 	var found bool
-	err := b.st.call(ctx, "memberSession", func(time.Time) error {
+	err := b.st.call(ctx, b.id, "memberSession", func(time.Time) error {
 		var m memMember
 		m, found = b.st.members[b.id]
 		id = m.session
@@ -276,7 +301,7 @@ func (b *memBackend) memberSession(ctx context.Context) (sessionID, bool, error)
 }
 
 func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
-	err = b.st.call(ctx, "timeLeft", func(now time.Time) error {
+	err = b.st.call(ctx, b.id, "timeLeft", func(now time.Time) error {
 		l, ok := b.st.sessions[id]
 		if !ok {
 			return fmt.Errorf("%w: session %d", errSessionEnded, id)
@@ -302,7 +327,7 @@ func (s *memStore) liveLocked(id sessionID) error {
 }
 
 func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error) {
-	err = b.st.call(ctx, "putMember", func(time.Time) error {
+	err = b.st.call(ctx, b.id, "putMember", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
 		}
@@ -318,7 +343,7 @@ func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string,
 }
 
 func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error) {
-	err = b.st.call(ctx, "ensureMember", func(time.Time) error {
+	err = b.st.call(ctx, b.id, "ensureMember", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
 		}
@@ -338,7 +363,7 @@ func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest stri
 // claim creates every holding at one revision if all of names are free,
 // as etcd's transaction does; otherwise it reads them.
 func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
-	err = b.st.call(ctx, "claim", func(time.Time) error {
+	err = b.st.call(ctx, b.id, "claim", func(time.Time) error {
 		got, absent = nil, nil
 		if err := b.st.liveLocked(id); err != nil {
 			return err
@@ -376,12 +401,15 @@ func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (g
 	return got, absent, err
 }
 
-func (b *memBackend) claimCost(name string) int { return len(memClaimPrefix) + len(name) + 16 }
+func (b *memBackend) claimCost(name string) int { return len(b.claims) + len(name) + 16 }
 
 // release deletes the holding c names while it is that holding.
 func (b *memBackend) release(ctx context.Context, c Claim) error {
-	return b.st.call(ctx, "release", func(time.Time) error {
-		name := strings.TrimPrefix(c.Key, memClaimPrefix)
+	return b.st.call(ctx, b.id, "release", func(time.Time) error {
+		name, ok := strings.CutPrefix(c.Key, b.claims)
+		if !ok {
+			return fmt.Errorf("ha: claim key %q is not under %q", c.Key, b.claims)
+		}
 		if h, held := b.st.claims[name]; held && h.rev == c.Revision {
 			b.st.rev++
 			b.st.dropClaimLocked(name, h)
@@ -394,7 +422,7 @@ func (b *memBackend) release(ctx context.Context, c Claim) error {
 // publish writes every chunk at one revision, and withdraws as etcd's
 // does: the old digest's chunks, or all of this member's for "".
 func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
-	return b.st.call(ctx, "publish", func(time.Time) error {
+	return b.st.call(ctx, b.id, "publish", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
 		}
@@ -418,7 +446,7 @@ func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old stri
 
 // fetch reads member's chunks of digest at the store's revision.
 func (b *memBackend) fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error) {
-	err = b.st.call(ctx, "fetch", func(time.Time) error {
+	err = b.st.call(ctx, b.id, "fetch", func(time.Time) error {
 		chunks, at = nil, b.st.rev
 		for k, c := range b.st.chunks {
 			if k.member == member && k.digest == digest {
@@ -438,7 +466,7 @@ func (s *memStore) dropClaimLocked(name string, c memClaim) {
 
 // list returns every record at the store's revision, in one read.
 func (b *memBackend) list(ctx context.Context) (records []change, at int64, err error) {
-	err = b.st.call(ctx, "list", func(time.Time) error {
+	err = b.st.call(ctx, b.id, "list", func(time.Time) error {
 		records, at = nil, b.st.rev
 		for id, m := range b.st.members {
 			c := m.put(id)
@@ -458,7 +486,7 @@ func (b *memBackend) list(ctx context.Context) (records []change, at int64, err 
 
 // heldAt answers from the live holdings and the ended ones, all kept.
 func (b *memBackend) heldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
-	err = b.st.call(ctx, "heldAt", func(time.Time) error {
+	err = b.st.call(ctx, b.id, "heldAt", func(time.Time) error {
 		names = map[string]bool{}
 		for name, c := range b.st.claims {
 			if c.rev <= at {

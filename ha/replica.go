@@ -45,7 +45,7 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // them and joins them. Every method is safe for concurrent use.
 type Replica struct {
 	// Immutable after New.
-	be    backend // the store: etcd's, made from New's client
+	be    backend // the store: etcd's, made from New's client; newReplica's caller may give another
 	opts  Options
 	keys  keys
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
@@ -262,6 +262,17 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 	if cli == nil {
 		return nil, fmt.Errorf("%w: the etcd client must not be nil", ErrInvalidOptions)
 	}
+	return newReplica(opts, func(r *Replica) backend {
+		return newEtcdBackend(cli, r.opts, r.keys, r.log, r.stopping)
+	})
+}
+
+// newReplica is New on the store that store makes: it checks opts (the
+// TTL in whole seconds included, as etcd needs), makes the Replica and
+// its inner Manager, and then calls store once for the backend, with the
+// Replica's opts, keys, log and stopping set. It sends nothing and
+// starts no goroutine.
+func newReplica(opts Options, store func(r *Replica) backend) (*Replica, error) {
 	opts, err := opts.normalize()
 	if err != nil {
 		return nil, err
@@ -293,7 +304,7 @@ func New(cli *clientv3.Client, opts Options) (*Replica, error) {
 		gates:        make(map[string]gate),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
-	r.be = newEtcdBackend(cli, opts, r.keys, r.log, r.stopping)
+	r.be = store(r)
 	r.claimBatch.Store(maxClaimBatch)
 	return r, nil
 }

@@ -1,0 +1,282 @@
+// Whole replicas on the in-memory backend, inside testing/synctest
+// bubbles: the shared part reaches its store through the backend alone,
+// and keeps its promises there on a clock that is exact.
+
+package ha
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// memGroup is replicas of one group on one memStore, in one bubble,
+// sharing a recorder. Used by the test's goroutine alone.
+type memGroup struct {
+	t     *testing.T
+	st    *memStore
+	rec   *recorder
+	opts  Options
+	names []string
+	rs    map[string]*Replica // the replicas not stopped yet, by ID
+}
+
+// newMemGroup makes a group of names names ("n-0" …) on a new store, with
+// testOptions' TTL and Margin, and no replica yet.
+func newMemGroup(t *testing.T, names int) *memGroup {
+	opts := testOptions()
+	opts.Prefix, opts.ID = "/mem", "r"
+	opts, err := opts.normalize() // for the defaults the bounds use
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &memGroup{t: t, st: newMemStore(), rec: newRecorder(), opts: opts, names: namesWith("n", names), rs: map[string]*Replica{}}
+}
+
+// runMemGroup runs f in a synctest bubble, on a new group of names names
+// (newMemGroup); then, whether f passed or failed, it closes every
+// replica left and checks that no name ever ran on two replicas at once.
+func runMemGroup(t *testing.T, names int, f func(t *testing.T, g *memGroup)) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newMemGroup(t, names)
+		defer g.rec.assertNoOverlap(t)
+		defer g.closeAll()
+		f(t, g)
+	})
+}
+
+// newReplica makes replica id on the store, with every name registered,
+// and does not join it.
+func (g *memGroup) newReplica(id string) *Replica {
+	opts := g.opts
+	opts.ID = id
+	r, err := newReplica(opts, func(r *Replica) backend { return g.st.of(r) })
+	if err != nil {
+		g.t.Errorf("newReplica(%s): %v", id, err)
+		return nil
+	}
+	for _, name := range g.names {
+		if err := r.UpdateController(name, g.rec.params(id, name)); err != nil {
+			g.t.Errorf("UpdateController(%s, %s): %v", id, name, err)
+		}
+	}
+	return r
+}
+
+// join makes replica id, as newReplica does, and joins it.
+func (g *memGroup) join(id string) *Replica {
+	g.t.Helper()
+	r := g.newReplica(id)
+	if r == nil {
+		g.t.FailNow()
+	}
+	if err := r.Join(context.Background()); err != nil {
+		g.t.Fatalf("Join(%s): %v", id, err)
+	}
+	g.rs[id] = r
+	return r
+}
+
+// joinThree joins r0, r1 and r2, one after the other, waits until every
+// name runs where Spread puts it over them, and returns that placement
+// and how long it took.
+func (g *memGroup) joinThree() (map[string]string, time.Duration) {
+	g.t.Helper()
+	for _, id := range []string{"r0", "r1", "r2"} {
+		g.join(id)
+	}
+	want := g.want("r0", "r1", "r2")
+	return want, g.waitPlacement(want, 10*time.Second)
+}
+
+// want returns where Spread puts every name over members.
+func (g *memGroup) want(members ...string) map[string]string {
+	regs := map[string][]string{}
+	for _, id := range members {
+		regs[id] = g.names
+	}
+	return expectedAmong(regs)
+}
+
+// waitPlacement waits until every name runs where want says, on the
+// bubble's clock, and returns how long that took; it fails the test
+// after limit.
+func (g *memGroup) waitPlacement(want map[string]string, limit time.Duration) time.Duration {
+	g.t.Helper()
+	start := time.Now()
+	for g.rec.misplaced(want) != 0 {
+		if time.Since(start) > limit {
+			g.t.Fatalf("after %v, %d of %d names do not run where expected", limit, g.rec.misplaced(want), len(want))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// closeAll closes every replica left, so that the bubble's goroutines
+// end.
+func (g *memGroup) closeAll() {
+	for id, r := range g.rs {
+		if err := r.Close(); err != nil {
+			g.t.Errorf("Close(%s): %v", id, err)
+		}
+		delete(g.rs, id)
+	}
+}
+
+// expiry returns when the session of member id runs out unless renewed,
+// as the store has it, since the recorder's base; it fails the test when
+// the member has no record or its session has ended.
+func (g *memGroup) expiry(id string) time.Duration {
+	g.t.Helper()
+	g.st.mu.Lock()
+	defer g.st.mu.Unlock()
+	m, ok := g.st.members[id]
+	l := g.st.sessions[m.session]
+	if !ok || l == nil {
+		g.t.Fatalf("%s has no member record, or its session has ended", id)
+	}
+	return l.granted.Add(l.ttl).Sub(g.rec.base)
+}
+
+// ended checks the sessions the store has ended, in order, against want
+// ("<member> <session> expired|ended").
+func (g *memGroup) ended(want ...string) {
+	g.t.Helper()
+	g.st.mu.Lock()
+	defer g.st.mu.Unlock()
+	if !slices.Equal(g.st.ended, want) {
+		g.t.Errorf("the store ended sessions %q, want %q", g.st.ended, want)
+	}
+}
+
+// handedOver checks the handover of names from replica to the others
+// after since: that replica's last run ended by notAfter, and that the
+// first run elsewhere began no earlier than from and no later than to.
+func (g *memGroup) handedOver(replica string, names []string, since, notAfter, from, to time.Duration) {
+	g.t.Helper()
+	lastEnd, firstOther := g.rec.handover(replica, names, since)
+	g.t.Logf("%s: last run here ended at %v (bound %v), first elsewhere began at %v (within [%v, %v])", replica, lastEnd, notAfter, firstOther, from, to)
+	if lastEnd > notAfter {
+		g.t.Errorf("%s's names ran there until %v, past %v", replica, lastEnd, notAfter)
+	}
+	if firstOther < from || firstOther > to {
+		g.t.Errorf("%s's names first ran elsewhere at %v, outside [%v, %v]", replica, firstOther, from, to)
+	}
+}
+
+// prompt bounds, on the bubble's clock, what the replicas do at once: a
+// StopFunc, a claim, a few renewals' worth of calls.
+const prompt = 50 * time.Millisecond
+
+// TestMemReplicasSpreadCrashAndLeave runs three replicas on the memory
+// store: every name runs on the replica Spread puts it on, and on no
+// other, once the first epoch settled; a replica closed without leaving
+// (a crash, to the store: its session is left to expire) stops its names
+// at once, and the others run them once its session ran out, not before,
+// and within a renewal period after; a Leave hands its names over at
+// once; and no name ever runs on two replicas at once.
+func TestMemReplicasSpreadCrashAndLeave(t *testing.T) {
+	runMemGroup(t, 30, func(t *testing.T, g *memGroup) {
+		three, took := g.joinThree()
+		if took > g.opts.Settle+prompt {
+			t.Errorf("spread over three in %v, past Settle %v and %v", took, g.opts.Settle, prompt)
+		}
+
+		moved := namesOn(three, "r1")
+		crashed := g.rec.now()
+		if err := g.rs["r1"].Close(); err != nil {
+			t.Fatalf("Close(r1): %v", err)
+		}
+		delete(g.rs, "r1")
+		expires := g.expiry("r1")
+		g.waitPlacement(g.want("r0", "r2"), 10*time.Second)
+		g.handedOver("r1", moved, crashed, crashed+prompt, expires, expires+g.opts.keepAliveEvery()+prompt)
+
+		moved = namesOn(g.want("r0", "r2"), "r0")
+		left := g.rec.now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := g.rs["r0"].Leave(ctx); err != nil {
+			t.Fatalf("Leave(r0): %v", err)
+		}
+		delete(g.rs, "r0")
+		g.waitPlacement(g.want("r2"), 10*time.Second)
+		g.handedOver("r0", moved, left, left+prompt, left, left+prompt)
+		g.ended("r1 2 expired", "r0 1 ended")
+	})
+}
+
+// TestMemReplicaPartitioned cuts one of three replicas off from the
+// store while its controllers run: its fence stops them before its
+// session expires, the others run its names only once it has, and when
+// the cut heals it joins again and gets its share back; no name ever
+// runs on two replicas at once.
+func TestMemReplicaPartitioned(t *testing.T) {
+	runMemGroup(t, 30, func(t *testing.T, g *memGroup) {
+		three, _ := g.joinThree()
+
+		moved := namesOn(three, "r1")
+		cut := g.rec.now()
+		g.st.partition("r1", true)
+		expires := g.expiry("r1")
+		g.waitPlacement(g.want("r0", "r2"), 10*time.Second)
+		g.handedOver("r1", moved, cut, expires-g.opts.Margin, expires, expires+g.opts.keepAliveEvery()+prompt)
+
+		g.ended("r1 2 expired")
+
+		g.st.partition("r1", false)
+		pause := rejoinWait(time.Hour, nil, g.opts.TTL) // the longest between r1's attempts to join again
+		if took := g.waitPlacement(three, 10*time.Second); took > pause+prompt {
+			t.Errorf("healed: r1 had its share again after %v, past %v", took, pause+prompt)
+		}
+	})
+}
+
+// TestMemReplicasJoinTogetherUnsettled joins three replicas at the same
+// moment without settling, in several rounds, each on a new store: each
+// replica claims what its first view gives it, the first alone every
+// name, so their claims meet in the store, which lets one hold each name
+// (in about half the rounds, as the bubble orders the joins); the names
+// then move to the replica Spread puts them on, and none ever runs on two
+// replicas at once.
+func TestMemReplicasJoinTogetherUnsettled(t *testing.T) {
+	const rounds = 8
+	for round := range rounds {
+		runMemGroup(t, 300, func(t *testing.T, g *memGroup) {
+			g.opts.Settle = -1
+			ids := []string{"r0", "r1", "r2"}
+			rs := make([]*Replica, len(ids))
+			var wg sync.WaitGroup
+			for i, id := range ids {
+				wg.Add(1)
+				go func() { // joined below
+					defer wg.Done()
+					rs[i] = g.newReplica(id)
+					if rs[i] == nil {
+						return
+					}
+					if err := rs[i].Join(context.Background()); err != nil {
+						t.Errorf("Join(%s): %v", id, err)
+					}
+				}()
+			}
+			wg.Wait()
+			for i, id := range ids {
+				if rs[i] != nil {
+					g.rs[id] = rs[i]
+				}
+			}
+			if t.Failed() {
+				return
+			}
+			took := g.waitPlacement(g.want(ids...), 10*time.Second)
+			if took > prompt {
+				t.Errorf("round %d: spread over three in %v, past %v", round, took, prompt)
+			}
+		})
+	}
+}
