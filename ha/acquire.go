@@ -15,40 +15,17 @@ import (
 // writes stays short, for a keepalive waits behind it.
 const claimWorkers = 2
 
-// maxClaimBatch is how many names one claim transaction creates at most:
-// etcd's default --max-txn-ops, which bounds each of a transaction's
-// comparisons, its operations on success and those on failure. A server
-// started with less answers ErrTooManyOps (errTooManyOps); the replica
-// then halves the refused chunk into Replica.claimBatch until the server
-// takes them.
-const maxClaimBatch = 128
-
-// maxClaimBytes bounds the bytes of one claim transaction: below etcd's
-// default request limit (--max-request-bytes, 1.5 MiB) and the client's
-// (2 MiB), so that long names are claimed in smaller batches rather than
-// refused whole (backend.claimCost counts a name's bytes).
-const maxClaimBytes = 1 << 20
-
-// fitBytes returns how many of names, at least one, fit in maxClaimBytes.
+// fitBytes returns how many of names, at least one, fit in the bytes
+// one Claim takes (Backend.ClaimLimits).
 func (r *Replica) fitBytes(names []string) int {
 	total := 0
 	for i, name := range names {
-		total += r.be.claimCost(name)
-		if total > maxClaimBytes && i > 0 {
+		total += r.be.ClaimCost(name)
+		if total > r.maxClaimBytes && i > 0 {
 			return i
 		}
 	}
 	return len(names)
-}
-
-// claimed is the outcome of one name's claim.
-type claimed struct {
-	name string
-	ok   bool       // the claim is ours
-	rev  int64      // ok: its create revision
-	view *claimView // not ok: the claim another lease holds, read at hdr
-	hdr  int64
-	err  error // the request failed: try again later
 }
 
 // claimQueue holds the names in state acquiring that no claim worker has
@@ -123,9 +100,9 @@ func (r *Replica) claimWorker(ep *epoch) {
 // absent are claimed again, in one batch more, then one by one, so that a
 // name taken by another replica never costs the others more than that.
 func (r *Replica) claimAll(ep *epoch, names []string) {
-	out := make([]claimed, 0, len(names))
+	out := make([]Claimed, 0, len(names))
 	todo := names
-	tooLarge := maxClaimBatch + 1 // a chunk the server refused as too large, halved
+	tooLarge := r.maxClaimNames + 1 // a chunk the server refused as too large, halved
 	for round := 0; len(todo) > 0; round++ {
 		var absent []string
 		for len(todo) > 0 {
@@ -136,7 +113,7 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 			chunk := todo[:min(size, len(todo))]
 			chunk = chunk[:r.fitBytes(chunk)]
 			got, missing, err := r.claimChunk(ep, chunk)
-			if len(chunk) > 1 && errors.Is(err, errTooManyOps) {
+			if len(chunk) > 1 && errors.Is(err, ErrTooManyOps) {
 				// The server takes fewer operations per transaction:
 				// halve the chunk refused, for all workers, and try
 				// again. Halved from the chunk, not from claimBatch: a
@@ -145,8 +122,8 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 				r.shrinkClaimBatch(len(chunk) / 2)
 				continue
 			}
-			if len(chunk) > 1 && errors.Is(err, errTooLarge) {
-				// The server takes smaller requests than maxClaimBytes:
+			if len(chunk) > 1 && errors.Is(err, ErrTooLarge) {
+				// The server takes smaller requests than it declared:
 				// halve for this call's chunks.
 				tooLarge = len(chunk) / 2
 				continue
@@ -154,7 +131,7 @@ func (r *Replica) claimAll(ep *epoch, names []string) {
 			todo = todo[len(chunk):]
 			if err != nil {
 				for _, name := range chunk {
-					out = append(out, claimed{name: name, err: err})
+					out = append(out, Claimed{Name: name, err: err})
 				}
 				continue
 			}
@@ -179,7 +156,7 @@ func (r *Replica) shrinkClaimBatch(n int) {
 
 // claimChunk claims names under the epoch's lease (backend.claim), once
 // the fence has room for them and a request may be in flight.
-func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent []string, err error) {
+func (r *Replica) claimChunk(ep *epoch, names []string) (got []Claimed, absent []string, err error) {
 	// etcd answers a keepalive only once it has applied the writes before
 	// it, so claims that pile up there can pass the fence of the replica
 	// making them. While two keepalives in a row went unanswered (less
@@ -195,58 +172,58 @@ func (r *Replica) claimChunk(ep *epoch, names []string) (got []claimed, absent [
 		return nil, nil, ep.ctx.Err()
 	}
 	defer func() { <-ep.sem }()
-	ctx, cancel := r.be.request(ep.ctx)
+	ctx, cancel := r.be.Request(ep.ctx)
 	defer cancel()
-	return r.be.claim(ctx, sessionID(ep.lease), names)
+	return r.be.Claim(ctx, SessionID(ep.lease), names)
 }
 
 // handleClaimedLocked applies the outcome of one name's claim: a claim
 // ours, while the name is still ours, registered and the fence open, is
 // installed (rule 1); ours otherwise is released at once; held elsewhere,
 // it waits for its deletion; a failed request is tried again later.
-func (r *Replica) handleClaimedLocked(ep *epoch, c claimed) {
-	s := r.slots[c.name]
+func (r *Replica) handleClaimedLocked(ep *epoch, c Claimed) {
+	s := r.slots[c.Name]
 	if s == nil || s.state != acquiring {
 		return
 	}
 	switch {
 	case c.err != nil:
-		delete(r.slots, c.name)
+		delete(r.slots, c.Name)
 		s.end()
-		r.log.Debug("claiming", controllerAttr(c.name), "error", c.err)
-		r.retryLater(ep, c.name)
-	case !c.ok:
-		delete(r.slots, c.name)
+		r.log.Debug("claiming", controllerAttr(c.Name), "error", c.err)
+		r.retryLater(ep, c.Name)
+	case !c.Mine:
+		delete(r.slots, c.Name)
 		s.end()
-		if c.view != nil && c.hdr > r.viewRev {
-			// The view has not seen this key yet; wait for its deletion.
-			r.claims[c.name] = *c.view
+		if c.Holder != "" && c.At > r.viewRev {
+			// The view has not seen this holding yet; wait for its deletion.
+			r.claims[c.Name] = claimView{holder: c.Holder, lease: c.Session, rev: c.Revision}
 		}
-		r.dirty[c.name] = struct{}{}
+		r.dirty[c.Name] = struct{}{}
 	default:
-		s.claim = Claim{Key: r.keys.claims + c.name, Revision: c.rev}
+		s.claim = c.claim()
 		s.since = time.Now()
 		r.opts.Metrics.acquired.Inc()
-		p, registered := r.regs[c.name]
+		p, registered := r.regs[c.Name]
 		registered = registered && !s.removed // registered again after a removal: claimed anew
-		ours := registered && r.ownerLocked(c.name) == r.opts.ID
+		ours := registered && r.ownerLocked(c.Name) == r.opts.ID
 		switch {
 		case ours && ep.fence.open():
 			s.state = running
-			r.installLocked(c.name, s, p)
-			if cv, seen := r.claims[c.name]; !seen || cv.rev != c.rev {
+			r.installLocked(c.Name, s, p)
+			if cv, seen := r.claims[c.Name]; !seen || cv.rev != c.Revision {
 				// The watch may have brought the claim's creation and a
 				// deletion before this answer, and the reconcile since
 				// found the slot acquiring: look again, or the name runs
 				// without its claim (stepLocked releases it as lost).
-				r.dirty[c.name] = struct{}{}
+				r.dirty[c.Name] = struct{}{}
 			}
-			r.log.Info("claimed: running here", controllerAttr(c.name), "revision", c.rev)
-			r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: c.name, Revision: c.rev})
+			r.log.Info("claimed: running here", controllerAttr(c.Name), "revision", c.Revision)
+			r.emit(Event{Kind: Acquired, Lease: ep.lease, Name: c.Name, Revision: c.Revision})
 		case ours:
-			r.releaseLocked(ep, c.name, s, false, ReasonLost)
+			r.releaseLocked(ep, c.Name, s, false, ReasonLost)
 		default:
-			r.releaseLocked(ep, c.name, s, false, notOursReason(registered))
+			r.releaseLocked(ep, c.Name, s, false, notOursReason(registered))
 		}
 	}
 }

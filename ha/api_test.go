@@ -43,8 +43,11 @@ func TestBadOptionsAreNamed(t *testing.T) {
 			t.Errorf("%+v: error %v, want one with %q wrapping ErrInvalidOptions", tc.opts, err, tc.want)
 		}
 	}
-	if _, err := Join(context.Background(), nil, Options{Prefix: "p"}); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "client must not be nil") {
-		t.Errorf("Join with a nil client: %v", err)
+	if _, err := Join(context.Background(), nil, Options{Prefix: "p"}); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "store must not be nil") {
+		t.Errorf("Join with a nil store: %v", err)
+	}
+	if _, err := Join(context.Background(), Etcd(nil), Options{Prefix: "p"}); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "etcd client must not be nil") {
+		t.Errorf("Join with a nil etcd client: %v", err)
 	}
 }
 
@@ -62,7 +65,7 @@ func TestBadTTLIsNamedAlone(t *testing.T) {
 // claims it, and the mistake does not surface later, as an Error line on
 // whichever replica holds the name.
 func TestInvalidRegistrationIsRefused(t *testing.T) {
-	r, err := New(new(clientv3.Client), Options{Prefix: "/refuse", ID: "a", Logger: quietLogger()})
+	r, err := New(Etcd(new(clientv3.Client)), Options{Prefix: "/refuse", ID: "a", Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +159,7 @@ func TestDuplicateIDIsRefused(t *testing.T) {
 	opts.Prefix, opts.ID = c.prefix, "same"
 	cli := newClient(t, testEtcd)
 	defer cli.Close()
-	if _, err := Join(context.Background(), cli, opts); !errors.Is(err, ErrDuplicateID) {
+	if _, err := Join(context.Background(), Etcd(cli), opts); !errors.Is(err, ErrDuplicateID) {
 		t.Fatalf("second Join with the same ID: %v, want ErrDuplicateID", err)
 	}
 }
@@ -309,7 +312,7 @@ func TestStrayClaimUnderOwnLeaseIsDeleted(t *testing.T) {
 	key := c.prefix + "/claims/moved"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := n.cli.Put(ctx, key, "solo", clientv3.WithLease(lease)); err != nil {
+	if _, err := n.cli.Put(ctx, key, "solo", clientv3.WithLease(clientv3.LeaseID(lease))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the stray claim's deletion", func() bool {
@@ -336,7 +339,7 @@ func TestNilContextIsBackground(t *testing.T) {
 	}
 	opts := c.opts
 	opts.Prefix, opts.ID = c.prefix, "other"
-	other, err := Join(nil, n.cli, opts) //nolint:staticcheck
+	other, err := Join(nil, Etcd(n.cli), opts) //nolint:staticcheck
 	if err != nil {
 		t.Fatalf("the package's Join(nil): %v", err)
 	}
@@ -377,7 +380,7 @@ func TestLeaveAfterTheLeaseWasLostSucceeds(t *testing.T) {
 	lease := expectEvent(t, events, Acquired, "slow", LeaseGained).Lease
 	op := newClient(t, testEtcd)
 	defer op.Close()
-	if _, err := op.Revoke(t.Context(), lease); err != nil {
+	if _, err := op.Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil {
 		t.Fatal(err)
 	}
 	expectEvent(t, events, FencePassed, "")

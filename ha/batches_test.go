@@ -63,7 +63,7 @@ func TestHealthBeforeJoin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	r, err := New(cli, Options{ID: "a", Prefix: "/review", Logger: quietLogger()})
+	r, err := New(Etcd(cli), Options{ID: "a", Prefix: "/review", Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

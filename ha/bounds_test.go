@@ -180,7 +180,7 @@ func TestMemberKeyDeletedWhileTheWatchIsDownIsWrittenAgain(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		resp, err := n.cli.Get(ctx, key)
 		cancel()
-		if err == nil && len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) == lease &&
+		if err == nil && len(resp.Kvs) == 1 && SessionID(resp.Kvs[0].Lease) == lease &&
 			len(st.Members) == 1 && len(got) == len(want) {
 			break
 		}

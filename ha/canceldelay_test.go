@@ -28,7 +28,7 @@ var cancelDelayRounds = flag.Int("ha.canceldelay", 0, "run TestCancelDelayMeasur
 // with params(name). Only installLocked and the fence are exercised.
 func fenceReplica(t testing.TB, deadline time.Time, names []string, params func(name string) controller.ControllerParams) *Replica {
 	t.Helper()
-	r, err := New(new(clientv3.Client), Options{Prefix: "/delay", ID: "d", Logger: quietLogger()})
+	r, err := New(Etcd(new(clientv3.Client)), Options{Prefix: "/delay", ID: "d", Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,23 +9,32 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Claim identifies one holding of a name: the claim key in etcd and the
-// revision at which this replica created it. A replica runs a name only
-// while it holds the claim; the key lives under the replica's lease, so it
-// disappears when the replica leaves, releases the name, or its lease
-// expires.
+// Claim identifies one holding of a name by this replica. A replica runs
+// a name only while it holds it; the holding lives under the replica's
+// session, so it ends when the replica leaves, releases the name, or its
+// session ends.
 //
-// The local fence stops a replica that cannot reach etcd, but it cannot
-// stop a process that was frozen (SIGSTOP, a long pause) and wakes up
-// after its claim passed to another replica. A write that must never come
-// from a former holder is made in an etcd transaction guarded by
-// [Claim.Held]: etcd refuses it once the claim is gone or held anew.
+// The local fence stops a replica that cannot reach its store, but it
+// cannot stop a process that was frozen (SIGSTOP, a long pause) and
+// wakes up after the name passed to another replica. A write that must
+// never come from a former holder carries the claim as its guard: on
+// etcd, a transaction guarded by [Claim.Held], which etcd refuses once
+// the holding is gone or the name held anew; elsewhere, the Token, which
+// an external store compares with the highest it has seen for Key and
+// refuses when lower.
 type Claim struct {
-	// Key is the claim key, <Prefix>/claims/<name>.
+	// Name is the name held.
+	Name string
+	// Key is the store's record the holding lives in, the scope of
+	// Token: on etcd the claim key, <Prefix>/claims/<name>.
 	Key string
-	// Revision is the key's create revision: it changes with every new
-	// holding, by this replica or another.
+	// Revision is the store's position that created the holding: it
+	// changes with every new holding, by this replica or another.
 	Revision int64
+	// Token only grows from one holding of the name to the next, across
+	// replicas: a write carrying a lower token than one already seen
+	// for Key comes from a former holder. On etcd it is Revision.
+	Token int64
 }
 
 // Held returns the comparison that is true in an etcd transaction while

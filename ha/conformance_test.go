@@ -27,9 +27,7 @@ const conformanceTTL = 2 * time.Second
 // conformanceStore is one fresh group on one backend: backendFor returns
 // the backend of a replica with that ID.
 type conformanceStore struct {
-	backendFor func(id string) backend
-	// claimKey is Claim.Key of name's holding.
-	claimKey func(name string) string
+	backendFor func(id string) Backend
 	// slack is how much later than the TTL a session may end: a second
 	// on etcd, which truncates remaining TTLs to whole seconds and
 	// checks expiry every 500ms; none in memory.
@@ -87,11 +85,11 @@ func TestBackendConformanceEtcd(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			tc.test(t, conformanceStore{
-				backendFor: func(id string) backend {
-					opts := Options{ID: id, RequestTimeout: 2 * time.Second, TTL: conformanceTTL, Margin: conformanceTTL / 4}
-					return newEtcdBackend(cli, opts, keysOf(prefix), slog.New(slog.DiscardHandler), ctx)
+				backendFor: func(id string) Backend {
+					w := conformanceTTL - conformanceTTL/4
+					return newEtcdBackend(cli, BackendConfig{Group: prefix, ID: id, RequestTimeout: 2 * time.Second,
+						RenewEvery: w / 4, Window: w, Logger: slog.New(slog.DiscardHandler), Stopping: ctx})
 				},
-				claimKey:  func(name string) string { return keysOf(prefix).claims + name },
 				slack:     time.Second,
 				early:     300 * time.Millisecond,
 				slowBegin: func(d time.Duration) { lease.hold.Store(int64(d)) },
@@ -108,8 +106,7 @@ func TestBackendConformanceMemory(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				st := newMemStore()
 				tc.test(t, conformanceStore{
-					backendFor: func(id string) backend { return st.replica(id, 2*time.Second) },
-					claimKey:   func(name string) string { return memClaimPrefix + name },
+					backendFor: func(id string) Backend { return st.replica(id, 2*time.Second) },
 					early:      time.Nanosecond,
 					slowBegin:  func(d time.Duration) { st.inject("begin", memFault{delay: d, once: true}) },
 					loseBegin:  func() { st.inject("begin", memFault{lost: true, once: true}) },
@@ -120,16 +117,16 @@ func TestBackendConformanceMemory(t *testing.T) {
 }
 
 // beginR0 begins a session of replica r0, or fails the test.
-func beginR0(t *testing.T, st conformanceStore) (backend, session) {
+func beginR0(t *testing.T, st conformanceStore) (Backend, Session) {
 	t.Helper()
 	return beginAs(t, st, "r0")
 }
 
 // beginAs begins a session of replica id, or fails the test.
-func beginAs(t *testing.T, st conformanceStore, id string) (backend, session) {
+func beginAs(t *testing.T, st conformanceStore, id string) (Backend, Session) {
 	t.Helper()
 	b := st.backendFor(id)
-	s, err := b.begin(context.Background(), 0, conformanceTTL, "digest")
+	s, err := b.Begin(context.Background(), 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin: %v", err)
 	}
@@ -144,37 +141,37 @@ func conformBeginRenewEnd(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b := st.backendFor("r0")
 	before := time.Now()
-	s, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	s, err := b.Begin(ctx, 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin: %v", err)
 	}
-	if s.id == 0 || s.sent.Before(before) || s.sent.After(time.Now()) {
+	if s.ID == 0 || s.Sent.Before(before) || s.Sent.After(time.Now()) {
 		t.Errorf("begin = %+v: want a session ID, sent between the call and its return", s)
 	}
-	if id, found, err := b.memberSession(ctx); err != nil || !found || id != s.id {
-		t.Errorf("memberSession = %d, %v, %v; want %d, true", id, found, err, s.id)
+	if id, found, err := b.MemberSession(ctx); err != nil || !found || id != s.ID {
+		t.Errorf("memberSession = %d, %v, %v; want %d, true", id, found, err, s.ID)
 	}
-	valid, err := b.renew(ctx, s.id)
+	valid, err := b.Renew(ctx, s.ID)
 	if err != nil || valid > conformanceTTL || valid < conformanceTTL-st.slack {
 		t.Errorf("renew = %v, %v; want the TTL %v (less at most %v)", valid, err, conformanceTTL, st.slack)
 	}
-	left, granted, err := b.timeLeft(ctx, s.id)
+	left, granted, err := b.TimeLeft(ctx, s.ID)
 	if err != nil || granted != conformanceTTL || left > granted || left < conformanceTTL-st.slack {
 		t.Errorf("timeLeft = %v of %v, %v; want about %v of %v", left, granted, err, conformanceTTL, conformanceTTL)
 	}
-	if err := b.end(ctx, s.id); err != nil {
+	if err := b.End(ctx, s.ID); err != nil {
 		t.Fatalf("end: %v", err)
 	}
-	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
+	if _, err := b.Renew(ctx, s.ID); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("renew after end: %v, want errSessionEnded", err)
 	}
-	if err := b.end(ctx, s.id); !errors.Is(err, errSessionEnded) {
+	if err := b.End(ctx, s.ID); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("end after end: %v, want errSessionEnded", err)
 	}
-	if _, _, err := b.timeLeft(ctx, s.id); !errors.Is(err, errSessionEnded) {
+	if _, _, err := b.TimeLeft(ctx, s.ID); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("timeLeft after end: %v, want errSessionEnded", err)
 	}
-	if id, found, err := b.memberSession(ctx); err != nil || found {
+	if id, found, err := b.MemberSession(ctx); err != nil || found {
 		t.Errorf("memberSession after end = %d, %v, %v; want none", id, found, err)
 	}
 }
@@ -185,27 +182,27 @@ func conformBeginRenewEnd(t *testing.T, st conformanceStore) {
 func conformDuplicateID(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	first, second := st.backendFor("r0"), st.backendFor("r0")
-	s, err := first.begin(ctx, 0, conformanceTTL, "digest")
+	s, err := first.Begin(ctx, 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin: %v", err)
 	}
-	if _, err := second.begin(ctx, 0, conformanceTTL, "digest"); !errors.Is(err, ErrDuplicateID) {
+	if _, err := second.Begin(ctx, 0, conformanceTTL, "digest"); !errors.Is(err, ErrDuplicateID) {
 		t.Fatalf("a second begin of r0: %v, want ErrDuplicateID", err)
 	}
-	if id, found, _ := first.memberSession(ctx); !found || id != s.id {
-		t.Errorf("after the refused begin the record is under %d (found %v), want %d", id, found, s.id)
+	if id, found, _ := first.MemberSession(ctx); !found || id != s.ID {
+		t.Errorf("after the refused begin the record is under %d (found %v), want %d", id, found, s.ID)
 	}
-	if _, err := first.renew(ctx, s.id); err != nil {
+	if _, err := first.Renew(ctx, s.ID); err != nil {
 		t.Errorf("the first session after the refused begin: %v", err)
 	}
-	if err := first.end(ctx, s.id); err != nil {
+	if err := first.End(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := second.begin(ctx, 0, conformanceTTL, "digest")
+	s2, err := second.Begin(ctx, 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin after the first session ended: %v", err)
 	}
-	_ = second.end(ctx, s2.id)
+	_ = second.End(ctx, s2.ID)
 }
 
 // begin with prev moves the member record from prev to the new session,
@@ -214,21 +211,21 @@ func conformDuplicateID(t *testing.T, st conformanceStore) {
 func conformMoveFromPrev(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s1 := beginR0(t, st)
-	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest")
+	s2, err := b.Begin(ctx, s1.ID, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin from the previous session: %v", err)
 	}
-	if s2.id == s1.id {
-		t.Fatalf("begin from %d returned the same session", s1.id)
+	if s2.ID == s1.ID {
+		t.Fatalf("begin from %d returned the same session", s1.ID)
 	}
-	if id, found, _ := b.memberSession(ctx); !found || id != s2.id {
-		t.Errorf("the record is under %d (found %v), want the new session %d", id, found, s2.id)
+	if id, found, _ := b.MemberSession(ctx); !found || id != s2.ID {
+		t.Errorf("the record is under %d (found %v), want the new session %d", id, found, s2.ID)
 	}
-	if _, err := b.begin(ctx, s1.id, conformanceTTL, "digest"); !errors.Is(err, ErrDuplicateID) {
-		t.Errorf("begin from %d while the record is under %d: %v, want ErrDuplicateID", s1.id, s2.id, err)
+	if _, err := b.Begin(ctx, s1.ID, conformanceTTL, "digest"); !errors.Is(err, ErrDuplicateID) {
+		t.Errorf("begin from %d while the record is under %d: %v, want ErrDuplicateID", s1.ID, s2.ID, err)
 	}
-	_ = b.end(ctx, s1.id)
-	_ = b.end(ctx, s2.id)
+	_ = b.End(ctx, s1.ID)
+	_ = b.End(ctx, s2.ID)
 }
 
 // A session nobody renews ends within its TTL (and the store's slack),
@@ -237,33 +234,33 @@ func conformMoveFromPrev(t *testing.T, st conformanceStore) {
 func conformExpiry(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s := beginR0(t, st)
-	if got, _, err := b.claim(ctx, s.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := b.Claim(ctx, s.ID, []string{"x"}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim of x = %+v, %v", got, err)
 	}
 	time.Sleep(conformanceTTL + st.slack)
-	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
+	if _, err := b.Renew(ctx, s.ID); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("renew %v after begin, unrenewed: %v, want errSessionEnded", conformanceTTL+st.slack, err)
 	}
-	if _, found, err := b.memberSession(ctx); err != nil || found {
+	if _, found, err := b.MemberSession(ctx); err != nil || found {
 		t.Errorf("the member record of an expired session: found %v, %v", found, err)
 	}
-	s2, err := st.backendFor("r0").begin(ctx, 0, conformanceTTL, "digest")
+	s2, err := st.backendFor("r0").Begin(ctx, 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin after the session expired: %v", err)
 	}
-	defer func() { _ = b.end(ctx, s2.id) }()
+	defer func() { _ = b.End(ctx, s2.ID) }()
 	o, so := beginAs(t, st, "r1")
-	defer func() { _ = o.end(ctx, so.id) }()
-	if got, _, err := o.claim(ctx, so.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+	defer func() { _ = o.End(ctx, so.ID) }()
+	if got, _, err := o.Claim(ctx, so.ID, []string{"x"}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Errorf("claim of the expired session's x by r1 = %+v, %v; want ours", got, err)
 	}
 }
 
 // alive reports whether session id of b's replica still holds the member
 // record, without renewing it.
-func alive(t *testing.T, b backend, id sessionID) bool {
+func alive(t *testing.T, b Backend, id SessionID) bool {
 	t.Helper()
-	under, found, err := b.memberSession(context.Background())
+	under, found, err := b.MemberSession(context.Background())
 	if err != nil {
 		t.Fatalf("memberSession: %v", err)
 	}
@@ -279,18 +276,18 @@ func conformValidity(t *testing.T, st conformanceStore) {
 	// taken after the session started shows.
 	st.slowBegin(1200 * time.Millisecond)
 	b, s := beginR0(t, st)
-	defer func() { _ = b.end(ctx, s.id) }()
-	time.Sleep(time.Until(s.sent.Add(conformanceTTL - st.early)))
-	if !alive(t, b, s.id) {
+	defer func() { _ = b.End(ctx, s.ID) }()
+	time.Sleep(time.Until(s.Sent.Add(conformanceTTL - st.early)))
+	if !alive(t, b, s.ID) {
 		t.Fatalf("the session ended before sent + TTL − %v", st.early)
 	}
 	called := time.Now()
-	valid, err := b.renew(ctx, s.id)
+	valid, err := b.Renew(ctx, s.ID)
 	if err != nil {
 		t.Fatalf("renew: %v", err)
 	}
 	time.Sleep(time.Until(called.Add(valid - st.early)))
-	if !alive(t, b, s.id) {
+	if !alive(t, b, s.ID) {
 		t.Errorf("the session ended before renew's call + valid (%v) − %v", valid, st.early)
 	}
 }
@@ -302,18 +299,18 @@ func conformLostBegin(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b := st.backendFor("r0")
 	st.loseBegin()
-	if s, err := b.begin(ctx, 0, conformanceTTL, "digest"); err == nil {
-		_ = b.end(ctx, s.id)
+	if s, err := b.Begin(ctx, 0, conformanceTTL, "digest"); err == nil {
+		_ = b.End(ctx, s.ID)
 		t.Fatal("a begin whose answer was lost returned no error")
 	}
-	if under, found, err := b.memberSession(ctx); err != nil || found {
+	if under, found, err := b.MemberSession(ctx); err != nil || found {
 		t.Errorf("after a failed begin the member record is under %d (found %v, %v), want none", under, found, err)
 	}
-	s, err := b.begin(ctx, 0, conformanceTTL, "digest")
+	s, err := b.Begin(ctx, 0, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatalf("begin after a failed one: %v", err)
 	}
-	_ = b.end(ctx, s.id)
+	_ = b.End(ctx, s.ID)
 }
 
 // Two sessions of one replica (an epoch and the next) are apart: a name
@@ -322,35 +319,35 @@ func conformLostBegin(t *testing.T, st conformanceStore) {
 func conformSessionsApart(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s1 := beginR0(t, st)
-	defer func() { _ = b.end(ctx, s1.id) }()
-	if got, _, err := b.claim(ctx, s1.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+	defer func() { _ = b.End(ctx, s1.ID) }()
+	if got, _, err := b.Claim(ctx, s1.ID, []string{"x"}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim of x under s1 = %+v, %v", got, err)
 	}
-	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest")
+	s2, err := b.Begin(ctx, s1.ID, conformanceTTL, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = b.end(ctx, s2.id) }()
-	got, absent, err := b.claim(ctx, s2.id, []string{"x", "y"})
+	defer func() { _ = b.End(ctx, s2.ID) }()
+	got, absent, err := b.Claim(ctx, s2.ID, []string{"x", "y"})
 	x := claimedBy(got)["x"]
-	if err != nil || x.ok || x.view == nil || sessionID(x.view.lease) != s1.id {
-		t.Errorf("claim of x under s2 while s1 holds it = %+v (view %+v), %v; want held by s1", got, x.view, err)
+	if err != nil || x.Mine || x.Holder == "" || x.Session != s1.ID {
+		t.Errorf("claim of x under s2 while s1 holds it = %+v , %v; want held by s1", got, err)
 	}
-	if got, _, err := b.claim(ctx, s2.id, absent); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := b.Claim(ctx, s2.ID, absent); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim of y under s2 = %+v, %v", got, err)
 	}
-	if err := b.end(ctx, s1.id); err != nil {
+	if err := b.End(ctx, s1.ID); err != nil {
 		t.Fatal(err)
 	}
-	if !alive(t, b, s2.id) {
+	if !alive(t, b, s2.ID) {
 		t.Errorf("ending s1 took the member record moved to s2")
 	}
 	o, so := beginAs(t, st, "r1")
-	defer func() { _ = o.end(ctx, so.id) }()
-	got, _, err = o.claim(ctx, so.id, []string{"x", "y"})
+	defer func() { _ = o.End(ctx, so.ID) }()
+	got, _, err = o.Claim(ctx, so.ID, []string{"x", "y"})
 	y := claimedBy(got)["y"]
-	if err != nil || y.ok || y.view == nil || sessionID(y.view.lease) != s2.id {
-		t.Errorf("claim of y by r1 after s1 ended = %+v (view %+v), %v; want still s2's", got, y.view, err)
+	if err != nil || y.Mine || y.Holder == "" || y.Session != s2.ID {
+		t.Errorf("claim of y by r1 after s1 ended = %+v , %v; want still s2's", got, err)
 	}
 }
 
@@ -361,14 +358,14 @@ func conformRenewalKeeps(t *testing.T, st conformanceStore) {
 	b, s := beginR0(t, st)
 	for range 6 {
 		time.Sleep(conformanceTTL / 2)
-		if _, err := b.renew(ctx, s.id); err != nil {
+		if _, err := b.Renew(ctx, s.ID); err != nil {
 			t.Fatalf("renew every half TTL: %v", err)
 		}
 	}
-	if id, found, _ := b.memberSession(ctx); !found || id != s.id {
-		t.Errorf("after 3 TTLs of renewals the record is under %d (found %v), want %d", id, found, s.id)
+	if id, found, _ := b.MemberSession(ctx); !found || id != s.ID {
+		t.Errorf("after 3 TTLs of renewals the record is under %d (found %v), want %d", id, found, s.ID)
 	}
-	_ = b.end(ctx, s.id)
+	_ = b.End(ctx, s.ID)
 }
 
 // putMember rewrites the record only while it is under the session
@@ -377,51 +374,51 @@ func conformRenewalKeeps(t *testing.T, st conformanceStore) {
 func conformMemberRecord(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s1 := beginR0(t, st)
-	if ok, err := b.putMember(ctx, s1.id, "other", true); err != nil || !ok {
+	if ok, err := b.PutMember(ctx, s1.ID, "other", true); err != nil || !ok {
 		t.Errorf("putMember under its own session = %v, %v; want written", ok, err)
 	}
-	s2, err := b.begin(ctx, s1.id, conformanceTTL, "digest") // the record moves to s2
+	s2, err := b.Begin(ctx, s1.ID, conformanceTTL, "digest") // the record moves to s2
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.putMember(ctx, s1.id, "stale", false); err != nil || ok {
+	if ok, err := b.PutMember(ctx, s1.ID, "stale", false); err != nil || ok {
 		t.Errorf("putMember under the session the record left = %v, %v; want not written", ok, err)
 	}
-	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); err != nil || !found || under != s2.id {
-		t.Errorf("ensureMember from the old session = %d, %v, %v; want the record left under %d", under, found, err, s2.id)
+	if under, found, err := b.EnsureMember(ctx, s1.ID, "stale"); err != nil || !found || under != s2.ID {
+		t.Errorf("ensureMember from the old session = %d, %v, %v; want the record left under %d", under, found, err, s2.ID)
 	}
-	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); err != nil || !found || under != s2.id {
-		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.id)
+	if under, found, err := b.EnsureMember(ctx, s2.ID, "digest"); err != nil || !found || under != s2.ID {
+		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.ID)
 	}
-	if err := b.end(ctx, s1.id); err != nil {
+	if err := b.End(ctx, s1.ID); err != nil {
 		t.Fatal(err)
 	}
 	// etcd reads the record without looking at the session; a store
 	// may also say errSessionEnded.
-	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); !errors.Is(err, errSessionEnded) && (err != nil || !found || under != s2.id) {
-		t.Errorf("ensureMember under the ended s1 = %d, %v, %v; want the record under %d, or errSessionEnded", under, found, err, s2.id)
+	if under, found, err := b.EnsureMember(ctx, s1.ID, "stale"); !errors.Is(err, ErrSessionEnded) && (err != nil || !found || under != s2.ID) {
+		t.Errorf("ensureMember under the ended s1 = %d, %v, %v; want the record under %d, or errSessionEnded", under, found, err, s2.ID)
 	}
-	_ = b.end(ctx, s2.id)
+	_ = b.End(ctx, s2.ID)
 	// etcd's compare fails before the put names the lease: not written,
 	// no error. A store may also say errSessionEnded.
-	if ok, err := b.putMember(ctx, s2.id, "digest", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
+	if ok, err := b.PutMember(ctx, s2.ID, "digest", false); ok || (err != nil && !errors.Is(err, ErrSessionEnded)) {
 		t.Errorf("putMember under an ended session = %v, %v; want not written", ok, err)
 	}
 	// A record written under an ended session would outlive it, and
 	// refuse every later begin of the ID.
-	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); !errors.Is(err, errSessionEnded) {
+	if under, found, err := b.EnsureMember(ctx, s2.ID, "digest"); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("ensureMember under an ended session = %d, %v, %v; want errSessionEnded", under, found, err)
 	}
-	if under, found, err := b.memberSession(ctx); err != nil || found {
+	if under, found, err := b.MemberSession(ctx); err != nil || found {
 		t.Errorf("after ensureMember under an ended session the record is under %d (found %v, %v), want none", under, found, err)
 	}
 }
 
 // claimedBy returns the outcomes in got by name.
-func claimedBy(got []claimed) map[string]claimed {
-	m := map[string]claimed{}
+func claimedBy(got []Claimed) map[string]Claimed {
+	m := map[string]Claimed{}
 	for _, c := range got {
-		m[c.name] = c
+		m[c.Name] = c
 	}
 	return m
 }
@@ -432,23 +429,23 @@ func claimedBy(got []claimed) map[string]claimed {
 func conformClaimFree(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	b, s := beginR0(t, st)
-	defer func() { _ = b.end(ctx, s.id) }()
-	got, absent, err := b.claim(ctx, s.id, []string{"a", "b", "c"})
+	defer func() { _ = b.End(ctx, s.ID) }()
+	got, absent, err := b.Claim(ctx, s.ID, []string{"a", "b", "c"})
 	if err != nil || len(absent) != 0 || len(got) != 3 {
 		t.Fatalf("claim of three free names = %v, absent %v, %v", got, absent, err)
 	}
-	rev := got[0].rev
+	rev := got[0].Revision
 	for _, c := range got {
-		if !c.ok || c.rev != rev || c.rev == 0 {
+		if !c.Mine || c.Revision != rev || c.Revision == 0 {
 			t.Errorf("claim of free names: %+v, want ours at one revision (%d)", c, rev)
 		}
 	}
-	again, absent, err := b.claim(ctx, s.id, []string{"a", "b", "c"})
+	again, absent, err := b.Claim(ctx, s.ID, []string{"a", "b", "c"})
 	if err != nil || len(absent) != 0 {
 		t.Fatalf("claim again = %v, absent %v, %v", again, absent, err)
 	}
 	for _, c := range again {
-		if !c.ok || c.rev != rev {
+		if !c.Mine || c.Revision != rev {
 			t.Errorf("claim again: %+v, want found ours at revision %d", c, rev)
 		}
 	}
@@ -459,24 +456,24 @@ func conformClaimFree(t *testing.T, st conformanceStore) {
 func conformClaimHeld(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
-	defer func() { _ = a.end(ctx, sa.id) }()
-	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	if _, _, err := a.Claim(ctx, sa.ID, []string{"x"}); err != nil {
 		t.Fatal(err)
 	}
 	b, sb := beginAs(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
+	defer func() { _ = b.End(ctx, sb.ID) }()
+	got, absent, err := b.Claim(ctx, sb.ID, []string{"x", "y"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	x := claimedBy(got)["x"]
-	if x.ok || x.view == nil || x.view.holder != "r0" || sessionID(x.view.lease) != sa.id || len(got) != 1 {
-		t.Errorf("claim of held x and free y by r1: %+v (view %+v), want only x, held by r0 under %d", got, x.view, sa.id)
+	if x.Mine || x.Holder != "r0" || x.Session != sa.ID || len(got) != 1 {
+		t.Errorf("claim of held x and free y by r1: %+v, want only x, held by r0 under %d", got, sa.ID)
 	}
 	if len(absent) != 1 || absent[0] != "y" {
 		t.Errorf("absent = %v, want [y], to claim again", absent)
 	}
-	if got, _, err := b.claim(ctx, sb.id, absent); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := b.Claim(ctx, sb.ID, absent); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Errorf("claim of y alone = %+v, %v; want ours", got, err)
 	}
 }
@@ -487,24 +484,24 @@ func conformClaimHeld(t *testing.T, st conformanceStore) {
 func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
-	if _, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil {
+	if _, _, err := a.Claim(ctx, sa.ID, []string{"x"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := a.claim(ctx, sa.id, []string{"y"}); !errors.Is(err, errSessionEnded) {
+	if _, _, err := a.Claim(ctx, sa.ID, []string{"y"}); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
 	}
 	// Nor is the name it held found its own: its holder would run it
 	// with no holding to keep the others off.
-	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err == nil && (len(got) != 1 || got[0].ok) {
+	if got, _, err := a.Claim(ctx, sa.ID, []string{"x"}); err == nil && (len(got) != 1 || got[0].Mine) {
 		t.Errorf("claim of its x by the ended session = %+v; want errSessionEnded, or x not ours", got)
 	}
 	b, sb := beginAs(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	got, absent, err := b.claim(ctx, sb.id, []string{"x", "y"})
-	if err != nil || len(absent) != 0 || len(got) != 2 || !got[0].ok || !got[1].ok {
+	defer func() { _ = b.End(ctx, sb.ID) }()
+	got, absent, err := b.Claim(ctx, sb.ID, []string{"x", "y"})
+	if err != nil || len(absent) != 0 || len(got) != 2 || !got[0].Mine || !got[1].Mine {
 		t.Errorf("claim of the ended session's x and of y = %+v, absent %v, %v; want both ours", got, absent, err)
 	}
 }
@@ -515,61 +512,61 @@ func conformClaimsGoWithSession(t *testing.T, st conformanceStore) {
 func conformRelease(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
-	defer func() { _ = a.end(ctx, sa.id) }()
-	got, _, err := a.claim(ctx, sa.id, []string{"x"})
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	got, _, err := a.Claim(ctx, sa.ID, []string{"x"})
 	if err != nil || len(got) != 1 {
 		t.Fatal(got, err)
 	}
-	old := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
-	if err := a.release(ctx, old); err != nil {
+	old := Claim{Name: "x", Revision: got[0].Revision}
+	if err := a.Release(ctx, old); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	// Held anew by the same session: the old holding's release, sent
 	// again (a retry, or a request that arrives late), leaves it alone.
-	got, _, err = a.claim(ctx, sa.id, []string{"x"})
-	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
+	got, _, err = a.Claim(ctx, sa.ID, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].Mine || got[0].Revision <= old.Revision {
 		t.Fatalf("claim of released x by r0 again = %+v, %v; want ours at a later revision than %d", got, err, old.Revision)
 	}
-	anew := Claim{Key: st.claimKey("x"), Revision: got[0].rev}
-	if err := a.release(ctx, old); err != nil {
+	anew := Claim{Name: "x", Revision: got[0].Revision}
+	if err := a.Release(ctx, old); err != nil {
 		t.Fatalf("release of a holding that ended: %v", err)
 	}
-	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok || got[0].rev != anew.Revision {
+	if got, _, err := a.Claim(ctx, sa.ID, []string{"x"}); err != nil || len(got) != 1 || !got[0].Mine || got[0].Revision != anew.Revision {
 		t.Errorf("after r0 released its old holding again, x = %+v, %v; want still its new holding, at %d", got, err, anew.Revision)
 	}
-	if err := a.release(ctx, anew); err != nil {
+	if err := a.Release(ctx, anew); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	b, sb := beginAs(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	got, _, err = b.claim(ctx, sb.id, []string{"x"})
-	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision {
+	defer func() { _ = b.End(ctx, sb.ID) }()
+	got, _, err = b.Claim(ctx, sb.ID, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].Mine || got[0].Revision <= old.Revision {
 		t.Fatalf("claim of released x by r1 = %+v, %v; want ours at a later revision than %d", got, err, old.Revision)
 	}
-	if err := a.release(ctx, old); err != nil {
+	if err := a.Release(ctx, old); err != nil {
 		t.Fatalf("release of a holding that ended: %v", err)
 	}
-	got, absent, err := a.claim(ctx, sa.id, []string{"x"})
-	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].ok || got[0].view == nil || got[0].view.holder != "r1" {
+	got, absent, err := a.Claim(ctx, sa.ID, []string{"x"})
+	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].Mine || got[0].Holder != "r1" {
 		t.Errorf("after r0 released its old holding again, x = %+v, absent %v, %v; want still r1's", got, absent, err)
 	}
 }
 
 // readSet returns what fetch read of member's set with digest, as
 // "i/n=data" in chunk order, and the position it read at.
-func readSet(t *testing.T, b backend, member, digest string) (string, int64) {
+func readSet(t *testing.T, b Backend, member, digest string) (string, int64) {
 	t.Helper()
-	chunks, at, err := b.fetch(context.Background(), member, digest)
+	chunks, at, err := b.Fetch(context.Background(), member, digest)
 	if err != nil {
 		t.Fatalf("fetch of %s's set %s: %v", member, digest, err)
 	}
-	slices.SortFunc(chunks, func(a, b setChunk) int { return a.i - b.i })
+	slices.SortFunc(chunks, func(a, b Chunk) int { return a.Index - b.Index })
 	var out []string
 	for _, c := range chunks {
-		if c.member != member || c.digest != digest {
-			t.Errorf("fetch of %s's set %s read a chunk of %s's set %s", member, digest, c.member, c.digest)
+		if c.Member != member || c.Digest != digest {
+			t.Errorf("fetch of %s's set %s read a chunk of %s's set %s", member, digest, c.Member, c.Digest)
 		}
-		out = append(out, fmt.Sprintf("%d/%d=%s", c.i, c.n, c.data))
+		out = append(out, fmt.Sprintf("%d/%d=%s", c.Index, c.Count, c.Data))
 	}
 	return strings.Join(out, " "), at
 }
@@ -582,17 +579,17 @@ func conformPublish(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
 	reader := st.backendFor("r1")
-	got, _, err := a.claim(ctx, sa.id, []string{"x"})
+	got, _, err := a.Claim(ctx, sa.ID, []string{"x"})
 	if err != nil || len(got) != 1 {
 		t.Fatal(got, err)
 	}
-	if err := a.publish(ctx, sa.id, "d1", "", [][]byte{[]byte("a"), []byte("b")}); err != nil {
+	if err := a.Publish(ctx, sa.ID, "d1", "", [][]byte{[]byte("a"), []byte("b")}); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	if set, at := readSet(t, reader, "r0", "d1"); set != "0/2=a 1/2=b" || at <= got[0].rev {
-		t.Errorf("fetch after publishing d1 = %q at %d; want 0/2=a 1/2=b, past the claim's position %d", set, at, got[0].rev)
+	if set, at := readSet(t, reader, "r0", "d1"); set != "0/2=a 1/2=b" || at <= got[0].Revision {
+		t.Errorf("fetch after publishing d1 = %q at %d; want 0/2=a 1/2=b, past the claim's position %d", set, at, got[0].Revision)
 	}
-	if err := a.publish(ctx, sa.id, "d2", "d1", [][]byte{[]byte("c")}); err != nil {
+	if err := a.Publish(ctx, sa.ID, "d2", "d1", [][]byte{[]byte("c")}); err != nil {
 		t.Fatalf("publish d2 in d1's place: %v", err)
 	}
 	if set, _ := readSet(t, reader, "r0", "d1"); set != "" {
@@ -601,29 +598,29 @@ func conformPublish(t *testing.T, st conformanceStore) {
 	if set, _ := readSet(t, reader, "r0", "d2"); set != "0/1=c" {
 		t.Errorf("d2 = %q, want 0/1=c", set)
 	}
-	if err := a.publish(ctx, sa.id, "", "d2", nil); err != nil {
+	if err := a.Publish(ctx, sa.ID, "", "d2", nil); err != nil {
 		t.Fatalf("withdraw: %v", err)
 	}
 	if set, _ := readSet(t, reader, "r0", "d2"); set != "" {
 		t.Errorf("d2 after the withdrawal: %q, want nothing", set)
 	}
-	if err := a.publish(ctx, sa.id, "d3", "", [][]byte{[]byte("e")}); err != nil {
+	if err := a.Publish(ctx, sa.ID, "d3", "", [][]byte{[]byte("e")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
 	if set, _ := readSet(t, reader, "r0", "d3"); set != "" {
 		t.Errorf("d3 after its session ended: %q, want gone with it", set)
 	}
-	if err := a.publish(ctx, sa.id, "d4", "", [][]byte{[]byte("f")}); !errors.Is(err, errSessionEnded) {
+	if err := a.Publish(ctx, sa.ID, "d4", "", [][]byte{[]byte("f")}); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("publish under an ended session: %v, want errSessionEnded", err)
 	}
 }
 
 // chunkLine renders c for a case's comparison.
-func chunkLine(c setChunk) string {
-	return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.member, c.digest, c.i, c.n, c.data)
+func chunkLine(c Chunk) string {
+	return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.Member, c.Digest, c.Index, c.Count, c.Data)
 }
 
 // sameLines fails the test unless got is want, line for line.
@@ -642,36 +639,36 @@ func sameLines(t *testing.T, what string, got []string, want ...string) {
 func conformList(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
-	defer func() { _ = a.end(ctx, sa.id) }()
-	got, _, err := a.claim(ctx, sa.id, []string{"x", "y"})
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	got, _, err := a.Claim(ctx, sa.ID, []string{"x", "y"})
 	if err != nil || len(got) != 2 {
 		t.Fatal(got, err)
 	}
-	claimedAt := got[0].rev
+	claimedAt := got[0].Revision
 	b, sb := beginAs(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	if err := b.publish(ctx, sb.id, "d1", "", [][]byte{[]byte("a")}); err != nil {
+	defer func() { _ = b.End(ctx, sb.ID) }()
+	if err := b.Publish(ctx, sb.ID, "d1", "", [][]byte{[]byte("a")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.release(ctx, Claim{Key: st.claimKey("x"), Revision: claimedAt}); err != nil {
+	if err := a.Release(ctx, Claim{Name: "x", Revision: claimedAt}); err != nil {
 		t.Fatal(err)
 	}
-	records, at, err := b.list(ctx)
+	records, at, err := b.List(ctx)
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
 	var listed []string
 	for _, c := range records {
-		if c.at > at || c.at <= 0 {
-			t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.at, at)
+		if c.At > at || c.At <= 0 {
+			t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.At, at)
 		}
-		switch c.kind {
-		case memberPut:
-			listed = append(listed, fmt.Sprintf("member %s session=%t created=%t digest=%s", c.member, c.session == sa.id || c.session == sb.id, c.created == sa.joinedAt || c.created == sb.joinedAt, c.digest))
-		case claimPut:
-			listed = append(listed, fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == claimedAt))
-		case chunkPut:
-			listed = append(listed, chunkLine(c.chunk))
+		switch c.Kind {
+		case MemberPut:
+			listed = append(listed, fmt.Sprintf("member %s session=%t created=%t digest=%s", c.Member, c.Session == sa.ID || c.Session == sb.ID, c.Created == sa.JoinedAt || c.Created == sb.JoinedAt, c.Digest))
+		case ClaimPut:
+			listed = append(listed, fmt.Sprintf("claim %s by %s session=%t created=%t", c.Name, c.Member, c.Session == sa.ID, c.Created == claimedAt))
+		case ChunkPut:
+			listed = append(listed, chunkLine(c.Chunk))
 		default:
 			t.Errorf("a listing holds %+v, not a put", c)
 		}
@@ -686,12 +683,12 @@ func conformList(t *testing.T, st conformanceStore) {
 		at   int64
 		want string
 	}{
-		{sa.joinedAt, "map[]"},
+		{sa.JoinedAt, "map[]"},
 		{claimedAt, "map[x:true y:true]"},
-		{sb.joinedAt, "map[x:true y:true]"},
+		{sb.JoinedAt, "map[x:true y:true]"},
 		{at, "map[y:true]"},
 	} {
-		if names, err := b.heldAt(ctx, q.at); err != nil || fmt.Sprint(names) != q.want {
+		if names, err := b.HeldAt(ctx, q.at); err != nil || fmt.Sprint(names) != q.want {
 			t.Errorf("heldAt(%d) = %v, %v; want %s", q.at, names, err, q.want)
 		}
 	}
@@ -703,14 +700,14 @@ func conformPeerLeft(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
 	reader := st.backendFor("r1")
-	left, granted, err := reader.peerLeft(ctx, sa.id)
+	left, granted, err := reader.PeerLeft(ctx, sa.ID)
 	if err != nil || granted != conformanceTTL || left <= 0 || left > conformanceTTL || left < conformanceTTL-st.slack-time.Second/2 {
 		t.Errorf("peerLeft of r0's new session = %v of %v, %v; want about %v of %v", left, granted, err, conformanceTTL, conformanceTTL)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := reader.peerLeft(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+	if _, _, err := reader.PeerLeft(ctx, sa.ID); !errors.Is(err, ErrSessionEnded) {
 		t.Errorf("peerLeft of r0's ended session: %v, want errSessionEnded", err)
 	}
 }
@@ -725,24 +722,24 @@ func conformFeed(t *testing.T, st conformanceStore) {
 	ctx := context.Background()
 	a, sa := beginR0(t, st)
 	b, sb := beginAs(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	_, from, err := b.list(ctx)
+	defer func() { _ = b.End(ctx, sb.ID) }()
+	_, from, err := b.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	f := b.watch(from, &wg)
-	got, _, err := a.claim(ctx, sa.id, []string{"x", "y"})
+	f := b.Watch(from, &wg)
+	got, _, err := a.Claim(ctx, sa.ID, []string{"x", "y"})
 	if err != nil || len(got) != 2 {
 		t.Fatal(got, err)
 	}
-	if err := a.release(ctx, Claim{Key: st.claimKey("x"), Revision: got[0].rev}); err != nil {
+	if err := a.Release(ctx, Claim{Name: "x", Revision: got[0].Revision}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.publish(ctx, sb.id, "d1", "", [][]byte{[]byte("a")}); err != nil {
+	if err := b.Publish(ctx, sb.ID, "d1", "", [][]byte{[]byte("a")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
 	// Each position's changes, the positions numbered from 1 in the
@@ -753,45 +750,45 @@ func conformFeed(t *testing.T, st conformanceStore) {
 	last := from
 	timeout := time.After(10 * time.Second)
 	for n, done := 0, false; !done; n++ {
-		var fb feedBatch
+		var fb FeedBatch
 		select {
-		case fb = <-f.batches():
+		case fb = <-f.Batches():
 		case <-timeout:
 			t.Fatalf("the feed delivered %v, and not r0's end, in 10s", seen)
 		}
-		if fb.err != nil {
-			t.Fatalf("the feed failed: %v", fb.err)
+		if fb.Err != nil {
+			t.Fatalf("the feed failed: %v", fb.Err)
 		}
-		for _, c := range fb.changes {
-			if c.at <= from {
+		for _, c := range fb.Changes {
+			if c.At <= from {
 				continue // at the listing's position: may come again
 			}
-			if c.at < last || c.at > fb.at {
-				t.Errorf("change %+v at %d: after %d, in a batch up to %d", c, c.at, last, fb.at)
+			if c.At < last || c.At > fb.At {
+				t.Errorf("change %+v at %d: after %d, in a batch up to %d", c, c.At, last, fb.At)
 			}
-			last = c.at
-			if pos[c.at] == 0 {
-				pos[c.at] = len(pos) + 1
-				batchOf[c.at] = n
+			last = c.At
+			if pos[c.At] == 0 {
+				pos[c.At] = len(pos) + 1
+				batchOf[c.At] = n
 				seen = append(seen, nil)
 			}
-			if batchOf[c.at] != n {
-				t.Errorf("the changes at position %d came in batches %d and %d", c.at, batchOf[c.at], n)
+			if batchOf[c.At] != n {
+				t.Errorf("the changes at position %d came in batches %d and %d", c.At, batchOf[c.At], n)
 			}
 			var what string
-			switch c.kind {
-			case claimPut:
-				what = fmt.Sprintf("claim %s by %s session=%t created=%t", c.name, c.member, c.session == sa.id, c.created == c.at)
-			case claimGone:
-				what = "released " + c.name
-			case chunkPut:
-				what = chunkLine(c.chunk)
-			case memberGone:
-				what, done = "gone "+c.member, true
+			switch c.Kind {
+			case ClaimPut:
+				what = fmt.Sprintf("claim %s by %s session=%t created=%t", c.Name, c.Member, c.Session == sa.ID, c.Created == c.At)
+			case ClaimGone:
+				what = "released " + c.Name
+			case ChunkPut:
+				what = chunkLine(c.Chunk)
+			case MemberGone:
+				what, done = "gone "+c.Member, true
 			default:
 				what = fmt.Sprintf("%+v", c)
 			}
-			seen[pos[c.at]-1] = append(seen[pos[c.at]-1], what)
+			seen[pos[c.At]-1] = append(seen[pos[c.At]-1], what)
 		}
 	}
 	var delivered []string
@@ -804,7 +801,7 @@ func conformFeed(t *testing.T, st conformanceStore) {
 		"released x",
 		"chunk r1/d1 0/1=a",
 		"gone r0, released y")
-	f.stop()
+	f.Stop()
 	wg.Wait()
 }
 
@@ -819,44 +816,44 @@ func TestMemoryBackendFaults(t *testing.T) {
 		ctx := context.Background()
 		st := newMemStore()
 		b := st.replica("r0", time.Second)
-		s, err := b.begin(ctx, 0, conformanceTTL, "d")
+		s, err := b.Begin(ctx, 0, conformanceTTL, "d")
 		if err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(conformanceTTL * 3 / 4)
 		st.inject("renew", memFault{lost: true})
-		if _, err := b.renew(ctx, s.id); err == nil {
+		if _, err := b.Renew(ctx, s.ID); err == nil {
 			t.Fatal("a renewal whose answer was lost returned no error")
 		}
 		st.inject("renew", memFault{})
 		time.Sleep(conformanceTTL / 2) // past the first grant's end
-		if _, err := b.renew(ctx, s.id); err != nil {
+		if _, err := b.Renew(ctx, s.ID); err != nil {
 			t.Errorf("the session after a renewal whose answer was lost: %v", err)
 		}
-		_ = b.end(ctx, s.id)
+		_ = b.End(ctx, s.ID)
 
 		st.inject("begin", memFault{lost: true, once: true})
 		st.inject("end", memFault{err: errors.New("unreachable"), once: true})
-		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err == nil {
+		if _, err := b.Begin(ctx, 0, conformanceTTL, "d"); err == nil {
 			t.Fatal("a begin whose answer was lost returned no error")
 		}
-		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); !errors.Is(err, ErrDuplicateID) {
+		if _, err := b.Begin(ctx, 0, conformanceTTL, "d"); !errors.Is(err, ErrDuplicateID) {
 			t.Errorf("begin after a lost one: %v, want ErrDuplicateID while the unknown session lives", err)
 		}
 		time.Sleep(conformanceTTL)
-		if _, err := b.begin(ctx, 0, conformanceTTL, "d"); err != nil {
+		if _, err := b.Begin(ctx, 0, conformanceTTL, "d"); err != nil {
 			t.Errorf("begin once the unknown session expired: %v", err)
 		}
 		// A request that never arrived changes nothing; an answer held
 		// back comes that much later, the renewal made when it arrived.
 		st.inject("renew", memFault{err: errors.New("unreachable")})
-		s3, _, _ := b.memberSession(ctx)
-		if _, err := b.renew(ctx, s3); err == nil || errors.Is(err, errSessionEnded) {
+		s3, _, _ := b.MemberSession(ctx)
+		if _, err := b.Renew(ctx, s3); err == nil || errors.Is(err, ErrSessionEnded) {
 			t.Errorf("a renewal that never arrived: %v, want the injected error", err)
 		}
 		st.inject("renew", memFault{delay: time.Second})
 		sent := time.Now()
-		if _, err := b.renew(ctx, s3); err != nil || time.Since(sent) != time.Second {
+		if _, err := b.Renew(ctx, s3); err != nil || time.Since(sent) != time.Second {
 			t.Errorf("a renewal held back 1s: %v after %v", err, time.Since(sent))
 		}
 		st.inject("renew", memFault{})

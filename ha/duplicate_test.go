@@ -37,7 +37,7 @@ func TestDuplicateIDIsReported(t *testing.T) {
 	bopts.Prefix, bopts.ID = c.prefix, "r0"
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	start := time.Now()
-	b, err := Join(ctx, bcli, bopts)
+	b, err := Join(ctx, Etcd(bcli), bopts)
 	cancel()
 	if err != nil {
 		t.Fatalf("the second r0's Join, while the first r0's lease runs out: %v", err)

@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // leavingSuffix ends the value of a member key whose replica is leaving:
@@ -21,8 +19,8 @@ const leavingSuffix = " (leaving)"
 
 // goneMember is what the view knew of a member whose key is gone.
 type goneMember struct {
-	lease   clientv3.LeaseID // the lease its key was under
-	leaving bool             // it marked itself leaving under that lease
+	lease   SessionID // the lease its key was under
+	leaving bool      // it marked itself leaving under that lease
 }
 
 // quarantined is a name whose claim ended with a lease that may have ended
@@ -32,7 +30,7 @@ type goneMember struct {
 // the old lease has terminated).
 type quarantined struct {
 	holder string
-	lease  clientv3.LeaseID
+	lease  SessionID
 	until  time.Time
 }
 
@@ -54,7 +52,7 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 		r.log.Warn("the lease's keys were deleted together while it is renewed: etcd ended it early (a revoke, or a stale leader); stopping every controller here at once", "lease", leaseHex(ep.lease))
 		ep.fence.expire(errLeaseEnded)
 	}
-	var warned map[clientv3.LeaseID]bool
+	var warned map[SessionID]bool
 	for name, c := range e.claims {
 		r.claimGoneLocked(name, c, now, &warned)
 	}
@@ -73,7 +71,7 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 // has returned (rule 5). An early end is logged once per lease among the
 // calls that share warned (the deletions of one revision, or one listing):
 // a scan of the quarantine per name would make a mass end quadratic.
-func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warned *map[clientv3.LeaseID]bool) {
+func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warned *map[SessionID]bool) {
 	if c.holder == r.opts.ID {
 		return
 	}
@@ -89,7 +87,7 @@ func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warne
 	}
 	if early && !(*warned)[c.lease] {
 		if *warned == nil {
-			*warned = make(map[clientv3.LeaseID]bool)
+			*warned = make(map[SessionID]bool)
 		}
 		(*warned)[c.lease] = true
 		r.log.Warn(fmt.Sprintf("member %q's lease ended on the server while it was being renewed (a revoke, or a stale etcd leader): its names wait until it joins again, or %v", c.holder, r.opts.TTL), "lease", leaseHex(c.lease))
@@ -118,7 +116,7 @@ func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warne
 // a TTL late, read as not renewing, and whose lease etcd ended early
 // right after a late one arrived, is the case this cannot see (doc.go,
 // rule 5).
-func (r *Replica) holdUntilLocked(l clientv3.LeaseID, now time.Time) (until time.Time, early bool) {
+func (r *Replica) holdUntilLocked(l SessionID, now time.Time) (until time.Time, early bool) {
 	a, ok := r.leaseLast[l]
 	if ok && a.stale() && now.Sub(a.recv) <= 2*r.opts.keepAliveEvery() {
 		return a.hi, false
@@ -179,7 +177,7 @@ func (r *Replica) liftLocked(id string) {
 // may have ended early gates every unclaimed name until it joins again or
 // TTL passes, since the names it claimed after the previous view are not
 // known.
-func (r *Replica) gateLocked(prevClaims map[string]claimView, prevMembers map[string]clientv3.LeaseID, prevLeaving map[string]clientv3.LeaseID, now time.Time) {
+func (r *Replica) gateLocked(prevClaims map[string]claimView, prevMembers map[string]SessionID, prevLeaving map[string]SessionID, now time.Time) {
 	for id, lease := range prevMembers {
 		if id == r.opts.ID {
 			continue
@@ -201,7 +199,7 @@ func (r *Replica) gateLocked(prevClaims map[string]claimView, prevMembers map[st
 		}
 		r.gates[id] = gate{lease: lease, until: until}
 	}
-	var warned map[clientv3.LeaseID]bool
+	var warned map[SessionID]bool
 	for name, c := range prevClaims {
 		if _, held := r.claims[name]; !held {
 			r.claimGoneLocked(name, c, now, &warned)
@@ -211,7 +209,7 @@ func (r *Replica) gateLocked(prevClaims map[string]claimView, prevMembers map[st
 
 // gate is a member whose lease ended unseen, maybe early.
 type gate struct {
-	lease clientv3.LeaseID
+	lease SessionID
 	until time.Time
 }
 
@@ -228,7 +226,7 @@ func (r *Replica) pollLeases(ep *epoch) {
 	defer t.Stop()
 	for {
 		r.mu.Lock()
-		var due []clientv3.LeaseID
+		var due []SessionID
 		now := time.Now()
 		for id, l := range r.memberLeases {
 			if a, ok := r.leaseLast[l]; id != r.opts.ID && (!ok || a.stale() || now.Sub(a.sent) >= every-every/8) {
@@ -243,8 +241,8 @@ func (r *Replica) pollLeases(ep *epoch) {
 		r.mu.Unlock()
 		for _, l := range due {
 			sent := time.Now()
-			ctx, cancel := r.be.request(ep.ctx)
-			left, granted, err := r.be.peerLeft(ctx, sessionID(l))
+			ctx, cancel := r.be.Request(ep.ctx)
+			left, granted, err := r.be.PeerLeft(ctx, SessionID(l))
 			cancel()
 			if err != nil {
 				continue
@@ -325,7 +323,7 @@ func (a leaseAnswer) stale() bool { return a.ttl < a.granted/2 }
 
 // holderOfLocked returns the member whose key is under lease l, "" when
 // none is in the view.
-func (r *Replica) holderOfLocked(l clientv3.LeaseID) string {
+func (r *Replica) holderOfLocked(l SessionID) string {
 	for id, ml := range r.memberLeases {
 		if ml == l {
 			return id
@@ -341,14 +339,14 @@ func (r *Replica) holderOfLocked(l clientv3.LeaseID) string {
 // their holder had moved on, so they take them at once. Retried until
 // etcd answers or the epoch ends. Owned by the loop; joined by endEpoch
 // through ep.wg.
-func (r *Replica) revokeOld(ep *epoch, old clientv3.LeaseID) {
+func (r *Replica) revokeOld(ep *epoch, old SessionID) {
 	defer ep.wg.Done()
 	wait := retryAfter
 	for {
-		ctx, cancel := r.be.request(ep.ctx)
-		err := r.be.end(ctx, sessionID(old))
+		ctx, cancel := r.be.Request(ep.ctx)
+		err := r.be.End(ctx, SessionID(old))
 		cancel()
-		if err == nil || errors.Is(err, errSessionEnded) {
+		if err == nil || errors.Is(err, ErrSessionEnded) {
 			return
 		}
 		if !pause(ep.ctx, wait) {
@@ -363,8 +361,8 @@ func (r *Replica) revokeOld(ep *epoch, old clientv3.LeaseID) {
 // controller here terminated) reads as a departure to the others, who
 // then take the names at once, and not as an early end. Best effort: if
 // it fails, the others wait for the names a little longer.
-func (r *Replica) markLeaving(ctx context.Context, lease clientv3.LeaseID) {
-	if _, err := r.be.putMember(ctx, sessionID(lease), r.digestString(), true); err != nil {
+func (r *Replica) markLeaving(ctx context.Context, lease SessionID) {
+	if _, err := r.be.PutMember(ctx, SessionID(lease), r.digestString(), true); err != nil {
 		r.log.Debug("marking the member key leaving", "error", err)
 	}
 }

@@ -23,7 +23,7 @@ import (
 // right after the other.
 func revokeLeases(t *testing.T, admin *clientv3.Client, nodes ...*node) {
 	t.Helper()
-	var leases []clientv3.LeaseID
+	var leases []SessionID
 	for _, n := range nodes {
 		n.r.mu.Lock()
 		leases = append(leases, n.r.lease)
@@ -34,7 +34,7 @@ func revokeLeases(t *testing.T, admin *clientv3.Client, nodes ...*node) {
 			t.Fatalf("%s holds no lease to revoke", nodes[i].id)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := admin.Revoke(ctx, l)
+		_, err := admin.Revoke(ctx, clientv3.LeaseID(l))
 		cancel()
 		if err != nil {
 			t.Fatalf("revoking %s's lease: %v", nodes[i].id, err)
@@ -229,7 +229,7 @@ func TestAMemberThatStopsRenewingIsShown(t *testing.T) {
 }
 
 // leaseOf returns n's current lease and fence deadline (zero: none).
-func leaseOf(n *node) (clientv3.LeaseID, time.Time) {
+func leaseOf(n *node) (SessionID, time.Time) {
 	n.r.mu.Lock()
 	l, f := n.r.lease, n.r.fence
 	n.r.mu.Unlock()
@@ -241,7 +241,7 @@ func leaseOf(n *node) (clientv3.LeaseID, time.Time) {
 
 // readExpiry returns what n's lease poller holds as the earliest moment
 // lease l could run out (earlyLocked), and whether it has read it.
-func readExpiry(n *node, l clientv3.LeaseID) (time.Time, bool) {
+func readExpiry(n *node, l SessionID) (time.Time, bool) {
 	n.r.mu.Lock()
 	defer n.r.mu.Unlock()
 	a, ok := n.r.leaseLast[l]
@@ -309,7 +309,7 @@ func TestRevokeLateInACutOffHoldersTTLWaitsForItsCode(t *testing.T) {
 		time.Sleep(time.Until(at))
 		bound, _ := readExpiry(watchers[0], lease)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := admin.Revoke(ctx, lease)
+		_, err := admin.Revoke(ctx, clientv3.LeaseID(lease))
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -377,7 +377,7 @@ func TestObserverBehindWaitsForAnEarlyEnd(t *testing.T) {
 			t.Fatalf("r1's fence passes %v after the revoke: too soon for this test", f.Sub(now))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := admin.Revoke(ctx, lease)
+		_, err := admin.Revoke(ctx, clientv3.LeaseID(lease))
 		cancel()
 		if err != nil {
 			t.Fatal(err)

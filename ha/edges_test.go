@@ -16,7 +16,6 @@ import (
 
 	"github.com/bgctl/controller"
 	"github.com/sirupsen/logrus"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // slowParams are a recorder's params whose DoFunc and StopFunc each go on
@@ -278,7 +277,7 @@ func TestLostMemberKeyIsWrittenAgain(t *testing.T) {
 		}
 		n.r.mu.Lock()
 		defer n.r.mu.Unlock()
-		return clientv3.LeaseID(got.Kvs[0].Lease) == n.r.lease
+		return SessionID(got.Kvs[0].Lease) == n.r.lease
 	})
 	waitFor(t, "the replica to see itself again", func() bool {
 		st := n.r.Status()

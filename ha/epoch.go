@@ -13,8 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // epoch is the life of one lease. A replica has one epoch at a time; when
@@ -22,7 +20,7 @@ import (
 // joins again with a new lease.
 type epoch struct {
 	// Immutable.
-	lease  clientv3.LeaseID
+	lease  SessionID
 	fence  *fence
 	ctx    context.Context    // ends with the epoch: its requests stop
 	cancel context.CancelFunc // called by endEpoch
@@ -40,7 +38,7 @@ type epoch struct {
 	wg sync.WaitGroup
 
 	// Owned by the loop goroutine.
-	watch       feed // nil: to (re)start; stopped by watchCancel
+	watch       Feed // nil: to (re)start; stopped by watchCancel
 	watchCancel func()
 	retry       *time.Timer // pending relist or acquire retry; nil: none
 	settle      *time.Timer // the first epoch's settling (Options.Settle); nil: none, or over
@@ -99,7 +97,7 @@ const maxInFlight = 64
 // lease of the previous epoch, whose member key the new one may
 // overwrite; 0 for the first. It starts the keepalive goroutine, joined
 // by endEpoch.
-func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch, error) {
+func (r *Replica) startEpoch(ctx context.Context, prev SessionID) (*epoch, error) {
 	if prev == 0 {
 		// Before the grant, whose lease nothing renews yet.
 		if err := r.awaitPreviousIncarnation(ctx); err != nil {
@@ -108,23 +106,23 @@ func (r *Replica) startEpoch(ctx context.Context, prev clientv3.LeaseID) (*epoch
 	}
 	ttl := r.opts.TTL
 	digest := r.digestString()
-	s, err := r.be.begin(ctx, sessionID(prev), ttl, digest)
+	s, err := r.be.Begin(ctx, SessionID(prev), ttl, digest)
 	if err != nil {
 		return nil, err
 	}
-	f := newFence(s.sent.Add(r.opts.fenceWindow()))
+	f := newFence(s.Sent.Add(r.opts.fenceWindow()))
 	if !f.open() {
 		err := fmt.Errorf("ha: joining took longer than the fence allows, TTL − Margin − %v (%v)", cancelLead, r.opts.fenceWindow())
 		f.stop(err)
 		ectx, cancel := context.WithTimeout(r.stopping, r.opts.RequestTimeout)
 		defer cancel()
-		_ = r.be.end(ectx, s.id) // best effort: it expires anyway
+		_ = r.be.End(ectx, s.ID) // best effort: it expires anyway
 		return nil, err
 	}
-	lease := clientv3.LeaseID(s.id)
+	lease := SessionID(s.ID)
 	ep := &epoch{
 		lease:       lease,
-		joinedAt:    s.joinedAt,
+		joinedAt:    s.JoinedAt,
 		wroteDigest: digest,
 		fence:       f,
 		results:     make(chan result, maxInFlight),
@@ -176,7 +174,7 @@ func (r *Replica) keepAlive(ep *epoch) {
 			r.opts.Metrics.rtt.Observe(time.Since(sent).Seconds())
 			ttl := min(valid, r.opts.TTL)
 			ep.fence.extend(sent.Add(ttl - r.opts.Margin - cancelLead))
-		case errors.Is(err, errSessionEnded):
+		case errors.Is(err, ErrSessionEnded):
 			ep.fence.expire(errLeaseLost)
 			return
 		}
@@ -216,7 +214,7 @@ func (r *Replica) run(ep *epoch) {
 
 // rejoin starts a new epoch after a fence passed, retrying until it
 // succeeds or a stop request comes, with the pauses of rejoinWait.
-func (r *Replica) rejoin(prev clientv3.LeaseID) (*epoch, *stopRequest) {
+func (r *Replica) rejoin(prev SessionID) (*epoch, *stopRequest) {
 	wait := firstRejoinWait
 	var log rejoinLog
 	for {
@@ -296,7 +294,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 		// The next epoch's first listing is compared with this view, to
 		// learn what went meanwhile (gateLocked).
 		r.prevClaims, r.prevMembers, r.prevLeaving = r.claims, r.memberLeases, r.leaving
-		r.claims, r.memberLeases, r.leaving = make(map[string]claimView), make(map[string]clientv3.LeaseID), make(map[string]clientv3.LeaseID)
+		r.claims, r.memberLeases, r.leaving = make(map[string]claimView), make(map[string]SessionID), make(map[string]SessionID)
 	}
 	clear(r.members)
 	clear(r.memberLeases)
@@ -406,11 +404,11 @@ func (r *Replica) giveUpLease(ep *epoch, req *stopRequest, pending []string, err
 		err = fmt.Errorf("ha: Leave: controllers still running, lease left to expire: %w", err)
 	case req.leave:
 		r.markLeaving(req.ctx, ep.lease)
-		err = r.be.end(req.ctx, sessionID(ep.lease))
+		err = r.be.End(req.ctx, SessionID(ep.lease))
 		// The fence passed before the stop (its cause is not the
 		// ErrClosed of the stop): a lease etcd no longer knows is gone,
 		// and the names with it.
-		gone := errors.Is(err, errSessionEnded) && !errors.Is(context.Cause(ep.fence.ctx), ErrClosed)
+		gone := errors.Is(err, ErrSessionEnded) && !errors.Is(context.Cause(ep.fence.ctx), ErrClosed)
 		switch {
 		case gone:
 			r.log.Info("left: the lease had ended already, every name released", "cause", context.Cause(ep.fence.ctx))

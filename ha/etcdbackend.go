@@ -42,25 +42,26 @@ type etcdBackend struct {
 	stopping context.Context
 }
 
-// newEtcdBackend returns the backend of a replica with options opts
-// (normalized) and keys, logging to log; stopping is the replica's.
-func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger, stopping context.Context) *etcdBackend {
+// newEtcdBackend returns the backend of the replica c describes, on the
+// etcd cli reaches.
+func newEtcdBackend(cli *clientv3.Client, c BackendConfig) *etcdBackend {
+	k := keysOf(c.Group)
 	return &etcdBackend{
 		cli:            cli,
-		log:            log,
-		id:             opts.ID,
+		log:            c.Logger,
+		id:             c.ID,
 		keys:           k,
-		memberKey:      k.members + opts.ID,
+		memberKey:      k.members + c.ID,
 		claimPrefix:    k.claims,
-		requestTimeout: opts.RequestTimeout,
-		checkEvery:     opts.keepAliveEvery(),
-		silentLimit:    opts.window(),
+		requestTimeout: c.RequestTimeout,
+		checkEvery:     c.RenewEvery,
+		silentLimit:    c.Window,
 		listPage:       listPage,
-		stopping:       stopping,
+		stopping:       c.Stopping,
 	}
 }
 
-// request returns the context of one request that needs etcd's leader (a
+// Request returns the context of one request that needs etcd's leader (a
 // write, a linearizable read, a keepalive), or of a listing's page read
 // serializably (readPage: the leader is not needed there, and a member
 // without one refusing it only sends the page elsewhere), bounded by
@@ -71,19 +72,19 @@ func newEtcdBackend(cli *clientv3.Client, opts Options, k keys, log *slog.Logger
 // its timeout, and the client's next request goes to another endpoint
 // (reads the client retries itself, on another endpoint). The metadata
 // replaces the parent's outgoing metadata, which no caller sets.
-func (b *etcdBackend) request(parent context.Context) (context.Context, context.CancelFunc) {
+func (b *etcdBackend) Request(parent context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(clientv3.WithRequireLeader(parent), b.requestTimeout)
 }
 
-// begin grants a lease of ttl and writes the member key under it. The
+// Begin grants a lease of ttl and writes the member key under it. The
 // lease counts from the grant's send time.
-func (b *etcdBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (session, error) {
+func (b *etcdBackend) Begin(ctx context.Context, prev SessionID, ttl time.Duration, digest string) (Session, error) {
 	sent := time.Now()
-	gctx, cancel := b.request(ctx)
+	gctx, cancel := b.Request(ctx)
 	g, err := b.cli.Grant(gctx, int64(ttl/time.Second))
 	cancel()
 	if err != nil {
-		return session{}, fmt.Errorf("ha: granting a lease of %v: %w", ttl, err)
+		return Session{}, fmt.Errorf("ha: granting a lease of %v: %w", ttl, err)
 	}
 	if granted := time.Duration(g.TTL) * time.Second; granted != ttl {
 		// The fence keeps counting with the TTL asked for, the shorter.
@@ -91,17 +92,17 @@ func (b *etcdBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 	}
 	joinedAt, err := b.writeMember(ctx, clientv3.LeaseID(prev), g.ID, digest)
 	if err != nil {
-		b.abandon(sessionID(g.ID))
-		return session{}, err
+		b.abandon(SessionID(g.ID))
+		return Session{}, err
 	}
-	return session{id: sessionID(g.ID), sent: sent, joinedAt: joinedAt}, nil
+	return Session{ID: SessionID(g.ID), Sent: sent, JoinedAt: joinedAt}, nil
 }
 
 // writeMember writes the member key under lease, if it is absent or under
 // prev, as begin says, and returns the revision at which it was written,
 // or read before it was moved.
 func (b *etcdBackend) writeMember(ctx context.Context, prev, lease clientv3.LeaseID, digest string) (joinedAt int64, err error) {
-	ctx, cancel := b.request(ctx)
+	ctx, cancel := b.Request(ctx)
 	defer cancel()
 	key := b.memberKey
 	value := memberValue(b.id, digest, false)
@@ -132,15 +133,15 @@ func (b *etcdBackend) writeMember(ctx context.Context, prev, lease clientv3.Leas
 
 // abandon revokes a lease that begin could not complete, best effort: it
 // expires anyway. It waits at most RequestTimeout, and not past Close.
-func (b *etcdBackend) abandon(id sessionID) {
+func (b *etcdBackend) abandon(id SessionID) {
 	ctx, cancel := context.WithTimeout(b.stopping, b.requestTimeout)
 	defer cancel()
-	_ = b.end(ctx, id)
+	_ = b.End(ctx, id)
 }
 
-// renew sends one keepalive, requiring a leader. etcd counts the TTL it
+// Renew sends one keepalive, requiring a leader. etcd counts the TTL it
 // answers from the request's arrival, later than the caller's send time.
-func (b *etcdBackend) renew(ctx context.Context, id sessionID) (time.Duration, error) {
+func (b *etcdBackend) Renew(ctx context.Context, id SessionID) (time.Duration, error) {
 	resp, err := b.cli.KeepAliveOnce(clientv3.WithRequireLeader(ctx), clientv3.LeaseID(id))
 	if err != nil {
 		return 0, sessionErr(err)
@@ -148,15 +149,15 @@ func (b *etcdBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 	return time.Duration(resp.TTL) * time.Second, nil
 }
 
-// end revokes the lease, which deletes every key under it in one
+// End revokes the lease, which deletes every key under it in one
 // revision.
-func (b *etcdBackend) end(ctx context.Context, id sessionID) error {
+func (b *etcdBackend) End(ctx context.Context, id SessionID) error {
 	_, err := b.cli.Revoke(ctx, clientv3.LeaseID(id))
 	return sessionErr(err)
 }
 
-// putMember puts the member key in a transaction guarded by its lease.
-func (b *etcdBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (bool, error) {
+// PutMember puts the member key in a transaction guarded by its lease.
+func (b *etcdBackend) PutMember(ctx context.Context, id SessionID, digest string, leaving bool) (bool, error) {
 	lease := clientv3.LeaseID(id)
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(b.memberKey), "=", int64(lease))).
@@ -167,8 +168,8 @@ func (b *etcdBackend) putMember(ctx context.Context, id sessionID, digest string
 	return resp.Succeeded, nil
 }
 
-// ensureMember creates the member key, or reads it, in one transaction.
-func (b *etcdBackend) ensureMember(ctx context.Context, id sessionID, digest string) (sessionID, bool, error) {
+// EnsureMember creates the member key, or reads it, in one transaction.
+func (b *etcdBackend) EnsureMember(ctx context.Context, id SessionID, digest string) (SessionID, bool, error) {
 	created, kv, _, err := createIfAbsent(ctx, b.cli, b.memberKey, memberValue(b.id, digest, false), clientv3.LeaseID(id))
 	switch {
 	case err != nil:
@@ -178,15 +179,15 @@ func (b *etcdBackend) ensureMember(ctx context.Context, id sessionID, digest str
 	case kv == nil:
 		return 0, false, nil
 	}
-	return sessionID(kv.Lease), true, nil
+	return SessionID(kv.Lease), true, nil
 }
 
-// claim creates the claim keys of names under the lease in one
+// Claim creates the claim keys of names under the lease in one
 // transaction if none exists, and else reads them all. A claim already
 // under this lease (an answer lost to a timeout) is ours as well. The
 // reads are a second request rather than the transaction's Else: a third
 // of every request for what seldom happens.
-func (b *etcdBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+func (b *etcdBackend) Claim(ctx context.Context, id SessionID, names []string) (got []Claimed, absent []string, err error) {
 	lease := clientv3.LeaseID(id)
 	cmps := make([]clientv3.Cmp, len(names))
 	puts := make([]clientv3.Op, len(names))
@@ -199,10 +200,10 @@ func (b *etcdBackend) claim(ctx context.Context, id sessionID, names []string) (
 	if err != nil {
 		return nil, nil, claimErr(err)
 	}
-	got = make([]claimed, 0, len(names))
+	got = make([]Claimed, 0, len(names))
 	if resp.Succeeded {
 		for _, name := range names {
-			got = append(got, claimed{name: name, ok: true, rev: resp.Header.Revision})
+			got = append(got, Claimed{Name: name, Mine: true, Revision: resp.Header.Revision, Key: b.claimPrefix + name, Token: resp.Header.Revision})
 		}
 		return got, nil, nil
 	}
@@ -221,20 +222,37 @@ func (b *etcdBackend) claim(ctx context.Context, id sessionID, names []string) (
 			continue
 		}
 		kv := kvs[0]
-		c := claimed{name: name, hdr: hdr}
+		c := Claimed{Name: name, At: hdr}
 		if clientv3.LeaseID(kv.Lease) == lease {
-			c.ok, c.rev = true, kv.CreateRevision
+			c.Mine, c.Key, c.Token = true, b.claimPrefix+name, kv.CreateRevision
 		} else {
-			c.view = &claimView{holder: string(kv.Value), lease: clientv3.LeaseID(kv.Lease), rev: kv.CreateRevision}
+			c.Holder, c.Session = string(kv.Value), SessionID(kv.Lease)
 		}
+		c.Revision = kv.CreateRevision
 		got = append(got, c)
 	}
 	return got, absent, nil
 }
 
-// claimCost counts a name's key twice (the comparison and the put) and
+// maxClaimBatch is how many names one claim transaction creates at most:
+// etcd's default --max-txn-ops, which bounds each of a transaction's
+// comparisons, its operations on success and those on failure. A server
+// started with less answers ErrTooManyOps; the replica then halves the
+// refused chunk until the server takes them.
+const maxClaimBatch = 128
+
+// maxClaimBytes bounds the bytes of one claim transaction: below etcd's
+// default request limit (--max-request-bytes, 1.5 MiB) and the client's
+// (2 MiB), so that long names are claimed in smaller batches rather than
+// refused whole (ClaimCost counts a name's bytes).
+const maxClaimBytes = 1 << 20
+
+// ClaimLimits returns etcd's defaults: maxClaimBatch names, maxClaimBytes.
+func (b *etcdBackend) ClaimLimits() (names, bytes int) { return maxClaimBatch, maxClaimBytes }
+
+// ClaimCost counts a name's key twice (the comparison and the put) and
 // the value once.
-func (b *etcdBackend) claimCost(name string) int {
+func (b *etcdBackend) ClaimCost(name string) int {
 	return 2*(len(b.claimPrefix)+len(name)) + len(b.id) + 32
 }
 
@@ -245,23 +263,24 @@ func (b *etcdBackend) claimCost(name string) int {
 func claimErr(err error) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrGRPCTooManyOps):
-		return fmt.Errorf("%w: %w", errTooManyOps, err)
+		return fmt.Errorf("%w: %w", ErrTooManyOps, err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
 		status.Code(err) == codes.ResourceExhausted:
-		return fmt.Errorf("%w: %w", errTooLarge, err)
+		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
 	return sessionErr(err)
 }
 
-// release deletes the claim key in a transaction guarded by its create
+// Release deletes the claim key in a transaction guarded by its create
 // revision (Claim.Held).
-func (b *etcdBackend) release(ctx context.Context, c Claim) error {
+func (b *etcdBackend) Release(ctx context.Context, c Claim) error {
+	c.Key = b.claimPrefix + c.Name
 	_, err := b.cli.Txn(ctx).If(c.Held()).Then(clientv3.OpDelete(c.Key)).Commit()
 	return err
 }
 
-// memberSession reads the member key and returns its lease.
-func (b *etcdBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
+// MemberSession reads the member key and returns its lease.
+func (b *etcdBackend) MemberSession(ctx context.Context) (SessionID, bool, error) {
 	resp, err := b.cli.Get(ctx, b.memberKey)
 	switch {
 	case err != nil:
@@ -269,25 +288,25 @@ func (b *etcdBackend) memberSession(ctx context.Context) (sessionID, bool, error
 	case len(resp.Kvs) == 0:
 		return 0, false, nil
 	}
-	return sessionID(resp.Kvs[0].Lease), true, nil
+	return SessionID(resp.Kvs[0].Lease), true, nil
 }
 
-// timeLeft reads the lease's remaining TTL, which etcd truncates to whole
+// TimeLeft reads the lease's remaining TTL, which etcd truncates to whole
 // seconds; a TTL of -1 is a lease that has expired.
-func (b *etcdBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+func (b *etcdBackend) TimeLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error) {
 	resp, err := b.cli.TimeToLive(ctx, clientv3.LeaseID(id))
 	switch {
 	case err != nil:
 		return 0, 0, sessionErr(err)
 	case resp.TTL < 0:
-		return 0, 0, fmt.Errorf("%w: lease %x has expired", errSessionEnded, int64(id))
+		return 0, 0, fmt.Errorf("%w: lease %x has expired", ErrSessionEnded, int64(id))
 	}
 	return time.Duration(resp.TTL) * time.Second, time.Duration(resp.GrantedTTL) * time.Second, nil
 }
 
-// publish puts each chunk under the lease, then deletes the old set's
+// Publish puts each chunk under the lease, then deletes the old set's
 // keys (every set's, when digest is ""), one request each.
-func (b *etcdBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+func (b *etcdBackend) Publish(ctx context.Context, id SessionID, digest, old string, chunks [][]byte) error {
 	var ops []clientv3.Op
 	if digest != "" {
 		for i, c := range chunks {
@@ -312,13 +331,13 @@ func (b *etcdBackend) publish(ctx context.Context, id sessionID, digest, old str
 	return nil
 }
 
-// fetch reads the set's keys in one request, at its header's revision.
-func (b *etcdBackend) fetch(ctx context.Context, member, digest string) ([]setChunk, int64, error) {
+// Fetch reads the set's keys in one request, at its header's revision.
+func (b *etcdBackend) Fetch(ctx context.Context, member, digest string) ([]Chunk, int64, error) {
 	resp, err := b.cli.Get(ctx, b.keys.names+member+"/"+digest+"/", clientv3.WithPrefix())
 	if err != nil {
 		return nil, 0, err
 	}
-	var chunks []setChunk
+	var chunks []Chunk
 	for _, kv := range resp.Kvs {
 		if c, ok := b.keys.parseChunk(string(kv.Key), kv.Value); ok {
 			chunks = append(chunks, c)
@@ -327,17 +346,17 @@ func (b *etcdBackend) fetch(ctx context.Context, member, digest string) ([]setCh
 	return chunks, resp.Header.Revision, nil
 }
 
-// peerLeft asks etcd, as timeLeft does: any client may read any lease's
+// PeerLeft asks etcd, as timeLeft does: any client may read any lease's
 // TTL.
-func (b *etcdBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
-	return b.timeLeft(ctx, id)
+func (b *etcdBackend) PeerLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error) {
+	return b.TimeLeft(ctx, id)
 }
 
 // sessionErr returns err, wrapping errSessionEnded as well when etcd
 // answered that it does not know the lease.
 func sessionErr(err error) error {
 	if isLeaseNotFound(err) {
-		return fmt.Errorf("%w: %w", errSessionEnded, err)
+		return fmt.Errorf("%w: %w", ErrSessionEnded, err)
 	}
 	return err
 }

@@ -16,42 +16,42 @@ import (
 // decode returns the change kv is, put (deleted false) or deleted, at its
 // mod revision; ok is false for a key of the prefix that is none of a
 // member's, a claim's or a chunk's.
-func (k keys) decode(kv *mvccpb.KeyValue, deleted bool) (c change, ok bool) {
+func (k keys) decode(kv *mvccpb.KeyValue, deleted bool) (c Change, ok bool) {
 	key := string(kv.Key)
-	c.at = kv.ModRevision
+	c.At = kv.ModRevision
 	if id, ok := strings.CutPrefix(key, k.members); ok {
-		c.kind, c.member = memberPut, id
+		c.Kind, c.Member = MemberPut, id
 		if deleted {
-			c.kind = memberGone
+			c.Kind = MemberGone
 			return c, true
 		}
-		c.session, c.created = sessionID(kv.Lease), kv.CreateRevision
-		c.digest, c.leaving = parseMemberValue(id, string(kv.Value))
+		c.Session, c.Created = SessionID(kv.Lease), kv.CreateRevision
+		c.Digest, c.Leaving = parseMemberValue(id, string(kv.Value))
 		return c, true
 	}
 	if name, ok := strings.CutPrefix(key, k.claims); ok {
-		c.kind, c.name = claimPut, name
+		c.Kind, c.Name = ClaimPut, name
 		if deleted {
-			c.kind = claimGone
+			c.Kind = ClaimGone
 			return c, true
 		}
-		c.member, c.session, c.created = string(kv.Value), sessionID(kv.Lease), kv.CreateRevision
+		c.Member, c.Session, c.Created = string(kv.Value), SessionID(kv.Lease), kv.CreateRevision
 		return c, true
 	}
-	if c.chunk, ok = k.parseChunk(key, kv.Value); ok {
-		c.kind = chunkPut
+	if c.Chunk, ok = k.parseChunk(key, kv.Value); ok {
+		c.Kind = ChunkPut
 		if deleted {
-			c.kind, c.chunk.data = chunkGone, nil
+			c.Kind, c.Chunk.Data = ChunkGone, nil
 		}
 		return c, true
 	}
-	return change{}, false
+	return Change{}, false
 }
 
-// list reads the prefix at one revision: the claims and members a page of
+// List reads the prefix at one revision: the claims and members a page of
 // listPage keys at a time, the published sets setPage chunks at a time,
 // and what else the prefix holds (nothing of ours) like the first.
-func (b *etcdBackend) list(ctx context.Context) ([]change, int64, error) {
+func (b *etcdBackend) List(ctx context.Context) ([]Change, int64, error) {
 	k := b.keys
 	setsStart, setsEnd := k.names, clientv3.GetPrefixRangeEnd(k.names)
 	kvs, rev, err := b.listRange(ctx, k.all, setsStart, 0, b.listPage)
@@ -66,7 +66,7 @@ func (b *etcdBackend) list(ctx context.Context) ([]change, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	records := make([]change, 0, len(kvs)+len(sets)+len(rest))
+	records := make([]Change, 0, len(kvs)+len(sets)+len(rest))
 	for _, part := range [][]*mvccpb.KeyValue{kvs, sets, rest} {
 		for _, kv := range part {
 			if c, ok := k.decode(kv, false); ok {
@@ -77,8 +77,8 @@ func (b *etcdBackend) list(ctx context.Context) ([]change, int64, error) {
 	return records, rev, nil
 }
 
-// heldAt lists the claim keys, keys only, at revision at.
-func (b *etcdBackend) heldAt(ctx context.Context, at int64) (map[string]bool, error) {
+// HeldAt lists the claim keys, keys only, at revision at.
+func (b *etcdBackend) HeldAt(ctx context.Context, at int64) (map[string]bool, error) {
 	kvs, _, err := b.listAll(ctx, b.keys.claims, at, clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, err
@@ -151,7 +151,7 @@ func (b *etcdBackend) listRange(ctx context.Context, start, end string, rev int6
 // the page is read again linearizably.
 func (b *etcdBackend) readPage(ctx context.Context, key string, known bool, page []clientv3.OpOption) (*clientv3.GetResponse, error) {
 	get := func(opts []clientv3.OpOption) (*clientv3.GetResponse, error) {
-		rctx, cancel := b.request(ctx)
+		rctx, cancel := b.Request(ctx)
 		defer cancel()
 		return b.cli.Get(rctx, key, opts...)
 	}

@@ -137,7 +137,7 @@ func TestEtcdClientLoggerLeaveWritesNoWarning(t *testing.T) {
 	opts.ManagerOptions = []controller.Option{controller.WithSlog(logger)}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := Join(ctx, cli, opts)
+	r, err := Join(ctx, Etcd(cli), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ var errFeedSilent = errors.New("ha: the watch of the prefix was silent for too l
 type etcdFeed struct {
 	b    *etcdBackend // immutable
 	from int64        // immutable: the revision the watch starts at
-	out  chan feedBatch
+	out  chan FeedBatch
 
 	// ctx is the watch's, and carries its stream's metadata. It does not
 	// derive from the epoch's context, whose end would cancel it together
@@ -75,20 +75,20 @@ type etcdFeed struct {
 	wg      *sync.WaitGroup
 }
 
-// watch watches the prefix from from, the revision the view was listed
+// Watch watches the prefix from from, the revision the view was listed
 // at. From from, not from+1: etcd answers a progress request only once
-// the store has reached the watch's start revision, which on a quiet
+// the store has reached the Watch's start revision, which on a quiet
 // store could take for ever; the events at from come again and change
 // nothing, as the view holds their outcome already. TestQuietWatchIsKept
 // fails with from+1, and with a progress request sent without the
-// watch's metadata.
-func (b *etcdBackend) watch(from int64, wg *sync.WaitGroup) feed {
+// Watch's metadata.
+func (b *etcdBackend) Watch(from int64, wg *sync.WaitGroup) Feed {
 	ctx := clientv3.WithRequireLeader(context.Background()) // replaces the outgoing metadata: first
 	ctx = metadata.AppendToOutgoingContext(ctx, watchStreamKey, strconv.FormatUint(watchSeq.Add(1), 10))
 	f := &etcdFeed{
 		b:       b,
 		from:    from,
-		out:     make(chan feedBatch),
+		out:     make(chan FeedBatch),
 		created: make(chan clientv3.WatchChan, 1),
 		heard:   time.Now(),
 		check:   time.NewTicker(b.checkEvery),
@@ -107,7 +107,7 @@ func (b *etcdBackend) watch(from int64, wg *sync.WaitGroup) feed {
 	return f
 }
 
-func (f *etcdFeed) batches() <-chan feedBatch { return f.out }
+func (f *etcdFeed) Batches() <-chan FeedBatch { return f.out }
 
 // run forwards the watch's responses as batches, and checks the watch's
 // silence every period; it sends a batch with an error, and returns,
@@ -118,7 +118,7 @@ func (f *etcdFeed) run() {
 	var ch clientv3.WatchChan
 	created := f.created
 	for {
-		var b feedBatch
+		var b FeedBatch
 		select {
 		case <-f.quit:
 			return
@@ -128,9 +128,9 @@ func (f *etcdFeed) run() {
 		case wr, ok := <-ch:
 			switch {
 			case !ok:
-				b.err = errors.New("ha: the watch of the prefix ended")
+				b.Err = errors.New("ha: the watch of the prefix ended")
 			case wr.Err() != nil:
-				b.err = wr.Err()
+				b.Err = wr.Err()
 			default:
 				f.heard = time.Now()
 				b = f.decode(wr)
@@ -145,7 +145,7 @@ func (f *etcdFeed) run() {
 				continue
 			case replaceWatch:
 				f.b.log.Warn("watch of the prefix silent for too long (no event, no progress notification): listing again", "silent", silent.Round(time.Millisecond))
-				b.err = errFeedSilent
+				b.Err = errFeedSilent
 			default:
 				continue
 			}
@@ -155,7 +155,7 @@ func (f *etcdFeed) run() {
 		case <-f.quit:
 			return
 		}
-		if b.err != nil {
+		if b.Err != nil {
 			return
 		}
 	}
@@ -171,15 +171,15 @@ func (f *etcdFeed) run() {
 // event would look deleted (stepLocked's lost) while its creation is
 // still on the way. A lease's end deletes its keys in one revision,
 // which etcd never splits between responses: one response, one batch.
-func (f *etcdFeed) decode(wr clientv3.WatchResponse) feedBatch {
+func (f *etcdFeed) decode(wr clientv3.WatchResponse) FeedBatch {
 	if wr.IsProgressNotify() {
-		return feedBatch{at: wr.Header.Revision}
+		return FeedBatch{At: wr.Header.Revision}
 	}
-	b := feedBatch{changes: make([]change, 0, len(wr.Events))}
+	b := FeedBatch{Changes: make([]Change, 0, len(wr.Events))}
 	for _, ev := range wr.Events {
-		b.at = max(b.at, ev.Kv.ModRevision)
+		b.At = max(b.At, ev.Kv.ModRevision)
 		if c, ok := f.b.keys.decode(ev.Kv, ev.Type != mvccpb.PUT); ok {
-			b.changes = append(b.changes, c)
+			b.Changes = append(b.Changes, c)
 		}
 	}
 	return b
@@ -248,13 +248,13 @@ func (f *etcdFeed) askProgress() {
 	}()
 }
 
-// stop ends the feed. It ends run, then the progress request in flight,
+// Stop ends the feed. It ends run, then the progress request in flight,
 // and waits for it before it ends the watch: a request that finds its
 // stream gone makes the client open a new one, which would idle until
 // the client closes. (A stream that etcd ends on its own, for want of a
 // leader, can still race with a request; the idle stream it leaves ends
 // with the client.)
-func (f *etcdFeed) stop() {
+func (f *etcdFeed) Stop() {
 	close(f.quit)
 	<-f.ran
 	f.check.Stop()

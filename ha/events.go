@@ -9,8 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // EventKind says what an [Event] reports.
@@ -82,7 +80,7 @@ type Event struct {
 	Time time.Time
 	// Lease is the lease the event belongs to: the one gained, lost or
 	// whose fence passed, or the one the name's claim lives under.
-	Lease clientv3.LeaseID
+	Lease SessionID
 	// Name is the controller's name (Acquired, Released).
 	Name string
 	// Revision is the create revision of the name's claim (Acquired,

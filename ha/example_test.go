@@ -28,7 +28,7 @@ func ExampleJoin() {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := ha.Join(ctx, cli, ha.Options{Prefix: "/my-service", TTL: 10 * time.Second})
+	r, err := ha.Join(ctx, ha.Etcd(cli), ha.Options{Prefix: "/my-service", TTL: 10 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func ExampleStatusHandler() {
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(coreMetrics, replicaMetrics)
 
-	r, err := ha.Join(context.Background(), cli, ha.Options{
+	r, err := ha.Join(context.Background(), ha.Etcd(cli), ha.Options{
 		Prefix:         "/my-service",
 		Metrics:        replicaMetrics,
 		ManagerOptions: []controller.Option{controller.WithMetrics(coreMetrics)},

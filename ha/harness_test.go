@@ -422,7 +422,7 @@ func (c *cluster) addNode(n *node) *node {
 	c.t.Helper()
 	opts := c.opts
 	opts.Prefix, opts.ID = c.prefix, n.id
-	r, err := New(n.cli, opts)
+	r, err := New(Etcd(n.cli), opts)
 	if err != nil {
 		c.t.Fatalf("New(%s): %v", n.id, err)
 	}

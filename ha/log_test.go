@@ -53,7 +53,7 @@ func logScene(t *testing.T, opts Options, seen func() bool) {
 	opts.TTL, opts.Margin = 2*time.Second, 500*time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := Join(ctx, cli, opts)
+	r, err := Join(ctx, Etcd(cli), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,26 +8,23 @@ package ha
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // memStore is one group's store, shared by the memBackends of its
 // replicas: what a server keeps.
 type memStore struct {
 	mu       sync.Mutex
-	next     sessionID                // the last session ID given; guarded by mu
-	sessions map[sessionID]*memLease  // live sessions, and ended ones until reaped; guarded by mu
+	next     SessionID                // the last session ID given; guarded by mu
+	sessions map[SessionID]*memLease  // live sessions, and ended ones until reaped; guarded by mu
 	members  map[string]memMember     // member records, by replica ID; guarded by mu
 	claims   map[string]memClaim      // holdings, by name; guarded by mu
 	chunks   map[memChunkKey]memChunk // published chunks; guarded by mu
 	past     []memHeld                // holdings that ended, in order, for heldAt; guarded by mu
 	// log is every write's changes, a batch per revision, for the
 	// feeds; grew is closed, and replaced, at each batch. Guarded by mu.
-	log    []feedBatch
+	log    []FeedBatch
 	grew   chan struct{}
 	rev    int64               // the store's revision: one more at every write; guarded by mu
 	faults map[string]memFault // by operation ("begin", "renew", …); guarded by mu
@@ -44,7 +41,7 @@ type memLease struct {
 
 // memMember is a member record.
 type memMember struct {
-	session  sessionID
+	session  SessionID
 	digest   string
 	leaving  bool
 	created  int64 // the revision that created it: kept when it is moved or written again
@@ -60,7 +57,7 @@ type memHeld struct {
 
 // memClaim is one name's holding.
 type memClaim struct {
-	session sessionID
+	session SessionID
 	holder  string // the holder's replica ID
 	rev     int64  // the revision that created it
 }
@@ -73,13 +70,12 @@ type memChunkKey struct {
 
 // memChunk is a published chunk.
 type memChunk struct {
-	session  sessionID
+	session  SessionID
 	data     []byte
 	modified int64 // the revision that wrote it
 }
 
-// memClaimPrefix is what Claim.Key holds before the name, for the
-// backends replica makes.
+// memClaimPrefix is what Claim.Key holds before the name.
 const memClaimPrefix = "claims/"
 
 // memFault is what the store does to a call of one operation.
@@ -98,7 +94,7 @@ type memFault struct {
 
 func newMemStore() *memStore {
 	return &memStore{
-		sessions: map[sessionID]*memLease{},
+		sessions: map[SessionID]*memLease{},
 		members:  map[string]memMember{},
 		claims:   map[string]memClaim{},
 		chunks:   map[memChunkKey]memChunk{},
@@ -129,16 +125,15 @@ func (s *memStore) inject(op string, f memFault) {
 }
 
 // replica returns the backend of replica id, its requests bounded by
-// timeout, for callers that make the Claims they release with
-// memClaimPrefix.
+// timeout.
 func (s *memStore) replica(id string, timeout time.Duration) *memBackend {
-	return &memBackend{st: s, id: id, timeout: timeout, claims: memClaimPrefix}
+	return &memBackend{st: s, id: id, timeout: timeout}
 }
 
-// of returns the backend of Replica r, which makes the Claims it
-// releases with its own claim keys (Replica.keys).
-func (s *memStore) of(r *Replica) *memBackend {
-	return &memBackend{st: s, id: r.opts.ID, timeout: r.opts.RequestTimeout, claims: r.keys.claims}
+// Backend returns the backend of the Replica c describes: a memStore is
+// a Store.
+func (s *memStore) Backend(c BackendConfig) (Backend, error) {
+	return &memBackend{st: s, id: c.ID, timeout: c.RequestTimeout}, nil
 }
 
 // reapLocked ends every session whose validity has passed at now, and
@@ -151,25 +146,25 @@ func (s *memStore) reapLocked(now time.Time) {
 	}
 }
 
-func (s *memStore) endLocked(id sessionID, why string) {
+func (s *memStore) endLocked(id SessionID, why string) {
 	l := s.sessions[id]
 	delete(s.sessions, id)
 	s.rev++ // the session's record and holdings go in one revision
-	var gone []change
+	var gone []Change
 	if s.members[l.member].session == id {
 		delete(s.members, l.member)
-		gone = append(gone, change{kind: memberGone, member: l.member})
+		gone = append(gone, Change{Kind: MemberGone, Member: l.member})
 	}
 	for name, c := range s.claims {
 		if c.session == id {
 			s.dropClaimLocked(name, c)
-			gone = append(gone, change{kind: claimGone, name: name})
+			gone = append(gone, Change{Kind: ClaimGone, Name: name})
 		}
 	}
 	for k, c := range s.chunks {
 		if c.session == id {
 			delete(s.chunks, k)
-			gone = append(gone, change{kind: chunkGone, chunk: k.chunk(nil)})
+			gone = append(gone, Change{Kind: ChunkGone, Chunk: k.chunk(nil)})
 		}
 	}
 	s.emitLocked(gone...)
@@ -220,57 +215,56 @@ type memBackend struct {
 	st      *memStore     // immutable
 	id      string        // immutable: Options.ID
 	timeout time.Duration // immutable: Options.RequestTimeout
-	claims  string        // immutable: what Claim.Key holds before the name
 }
 
-var _ backend = (*memBackend)(nil)
+var _ Backend = (*memBackend)(nil)
 
-func (b *memBackend) checkServers(context.Context) {}
+func (b *memBackend) CheckServers(context.Context) {}
 
-func (b *memBackend) request(parent context.Context) (context.Context, context.CancelFunc) {
+func (b *memBackend) Request(parent context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(parent, b.timeout)
 }
 
-// begin starts a session and writes the member record as etcd's does:
+// Begin starts a session and writes the member record as etcd's does:
 // created if absent, moved from prev while it is under prev, and any
 // other session's record refused. On an error after the store started
 // the session (an answer lost or held back past ctx) it ends it, best
 // effort, as etcd's ends the lease whose member write failed.
-func (b *memBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (session, error) {
+func (b *memBackend) Begin(ctx context.Context, prev SessionID, ttl time.Duration, digest string) (Session, error) {
 	sent := time.Now()
-	var s session
+	var s Session
 	err := b.st.call(ctx, b.id, "begin", func(now time.Time) error {
 		if held, ok := b.st.members[b.id]; ok && held.session != prev {
 			return fmt.Errorf("%w: member %q held by session %d", ErrDuplicateID, b.id, held.session)
 		}
 		b.st.next++
 		b.st.rev++
-		s = session{id: b.st.next, sent: sent, joinedAt: b.st.rev}
-		b.st.sessions[s.id] = &memLease{member: b.id, ttl: ttl, granted: now}
-		m := memMember{session: s.id, digest: digest, created: b.st.rev, modified: b.st.rev}
+		s = Session{ID: b.st.next, Sent: sent, JoinedAt: b.st.rev}
+		b.st.sessions[s.ID] = &memLease{member: b.id, ttl: ttl, granted: now}
+		m := memMember{session: s.ID, digest: digest, created: b.st.rev, modified: b.st.rev}
 		if held, ok := b.st.members[b.id]; ok {
 			m.created = held.created // moved: joinedAt is where it was found, as etcd's
-			s.joinedAt = b.st.rev - 1
+			s.JoinedAt = b.st.rev - 1
 		}
 		b.st.members[b.id] = m
 		b.st.emitLocked(m.put(b.id))
 		return nil
 	})
-	if err != nil && s.id != 0 {
+	if err != nil && s.ID != 0 {
 		ectx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		defer cancel()
-		_ = b.end(ectx, s.id)
-		return session{}, err
+		_ = b.End(ectx, s.ID)
+		return Session{}, err
 	}
 	return s, err
 }
 
-func (b *memBackend) renew(ctx context.Context, id sessionID) (time.Duration, error) {
+func (b *memBackend) Renew(ctx context.Context, id SessionID) (time.Duration, error) {
 	var valid time.Duration
 	err := b.st.call(ctx, b.id, "renew", func(now time.Time) error {
 		l, ok := b.st.sessions[id]
 		if !ok {
-			return fmt.Errorf("%w: session %d", errSessionEnded, id)
+			return fmt.Errorf("%w: session %d", ErrSessionEnded, id)
 		}
 		l.granted, valid = now, l.ttl
 		return nil
@@ -278,18 +272,18 @@ func (b *memBackend) renew(ctx context.Context, id sessionID) (time.Duration, er
 	return valid, err
 }
 
-func (b *memBackend) end(ctx context.Context, id sessionID) error {
+func (b *memBackend) End(ctx context.Context, id SessionID) error {
 	return b.st.call(ctx, b.id, "end", func(time.Time) error {
 		if _, ok := b.st.sessions[id]; !ok {
-			return fmt.Errorf("%w: session %d", errSessionEnded, id)
+			return fmt.Errorf("%w: session %d", ErrSessionEnded, id)
 		}
 		b.st.endLocked(id, "ended")
 		return nil
 	})
 }
 
-func (b *memBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
-	var id sessionID
+func (b *memBackend) MemberSession(ctx context.Context) (SessionID, bool, error) {
+	var id SessionID
 	var found bool
 	err := b.st.call(ctx, b.id, "memberSession", func(time.Time) error {
 		var m memMember
@@ -300,11 +294,11 @@ func (b *memBackend) memberSession(ctx context.Context) (sessionID, bool, error)
 	return id, found, err
 }
 
-func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+func (b *memBackend) TimeLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error) {
 	err = b.st.call(ctx, b.id, "timeLeft", func(now time.Time) error {
 		l, ok := b.st.sessions[id]
 		if !ok {
-			return fmt.Errorf("%w: session %d", errSessionEnded, id)
+			return fmt.Errorf("%w: session %d", ErrSessionEnded, id)
 		}
 		left, granted = l.granted.Add(l.ttl).Sub(now), l.ttl
 		return nil
@@ -312,21 +306,21 @@ func (b *memBackend) timeLeft(ctx context.Context, id sessionID) (left, granted 
 	return left, granted, err
 }
 
-// peerLeft reads another's session as timeLeft does: the store keeps
+// PeerLeft reads another's session as timeLeft does: the store keeps
 // every session's time.
-func (b *memBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
-	return b.timeLeft(ctx, id)
+func (b *memBackend) PeerLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error) {
+	return b.TimeLeft(ctx, id)
 }
 
 // live fails with errSessionEnded unless session id lives. Under mu.
-func (s *memStore) liveLocked(id sessionID) error {
+func (s *memStore) liveLocked(id SessionID) error {
 	if _, ok := s.sessions[id]; !ok {
-		return fmt.Errorf("%w: session %d", errSessionEnded, id)
+		return fmt.Errorf("%w: session %d", ErrSessionEnded, id)
 	}
 	return nil
 }
 
-func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (written bool, err error) {
+func (b *memBackend) PutMember(ctx context.Context, id SessionID, digest string, leaving bool) (written bool, err error) {
 	err = b.st.call(ctx, b.id, "putMember", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
@@ -342,7 +336,7 @@ func (b *memBackend) putMember(ctx context.Context, id sessionID, digest string,
 	return written, err
 }
 
-func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest string) (under sessionID, found bool, err error) {
+func (b *memBackend) EnsureMember(ctx context.Context, id SessionID, digest string) (under SessionID, found bool, err error) {
 	err = b.st.call(ctx, b.id, "ensureMember", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
@@ -360,9 +354,9 @@ func (b *memBackend) ensureMember(ctx context.Context, id sessionID, digest stri
 	return under, found, err
 }
 
-// claim creates every holding at one revision if all of names are free,
+// Claim creates every holding at one revision if all of names are free,
 // as etcd's transaction does; otherwise it reads them.
-func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+func (b *memBackend) Claim(ctx context.Context, id SessionID, names []string) (got []Claimed, absent []string, err error) {
 	err = b.st.call(ctx, b.id, "claim", func(time.Time) error {
 		got, absent = nil, nil
 		if err := b.st.liveLocked(id); err != nil {
@@ -376,11 +370,11 @@ func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (g
 		}
 		if free {
 			b.st.rev++
-			puts := make([]change, 0, len(names))
+			puts := make([]Change, 0, len(names))
 			for _, name := range names {
 				b.st.claims[name] = memClaim{session: id, holder: b.id, rev: b.st.rev}
-				got = append(got, claimed{name: name, ok: true, rev: b.st.rev})
-				puts = append(puts, change{kind: claimPut, member: b.id, name: name, session: id, created: b.st.rev})
+				got = append(got, Claimed{Name: name, Mine: true, Revision: b.st.rev, Key: memClaimPrefix + name, Token: b.st.rev})
+				puts = append(puts, Change{Kind: ClaimPut, Member: b.id, Name: name, Session: id, Created: b.st.rev})
 			}
 			b.st.emitLocked(puts...)
 			return nil
@@ -391,9 +385,9 @@ func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (g
 			case !held:
 				absent = append(absent, name)
 			case c.session == id:
-				got = append(got, claimed{name: name, ok: true, rev: c.rev, hdr: b.st.rev})
+				got = append(got, Claimed{Name: name, Mine: true, Revision: c.rev, Key: memClaimPrefix + name, Token: c.rev, At: b.st.rev})
 			default:
-				got = append(got, claimed{name: name, hdr: b.st.rev, view: &claimView{holder: c.holder, lease: clientv3.LeaseID(c.session), rev: c.rev}})
+				got = append(got, Claimed{Name: name, Holder: c.holder, Session: c.session, Revision: c.rev, At: b.st.rev})
 			}
 		}
 		return nil
@@ -401,42 +395,43 @@ func (b *memBackend) claim(ctx context.Context, id sessionID, names []string) (g
 	return got, absent, err
 }
 
-func (b *memBackend) claimCost(name string) int { return len(b.claims) + len(name) + 16 }
+func (b *memBackend) ClaimCost(name string) int { return len(memClaimPrefix) + len(name) + 16 }
 
-// release deletes the holding c names while it is that holding.
-func (b *memBackend) release(ctx context.Context, c Claim) error {
+// ClaimLimits answers etcd's defaults, which the shared part's batches
+// were tuned for.
+func (b *memBackend) ClaimLimits() (names, bytes int) { return maxClaimBatch, maxClaimBytes }
+
+// Release deletes the holding c names while it is that holding.
+func (b *memBackend) Release(ctx context.Context, c Claim) error {
 	return b.st.call(ctx, b.id, "release", func(time.Time) error {
-		name, ok := strings.CutPrefix(c.Key, b.claims)
-		if !ok {
-			return fmt.Errorf("ha: claim key %q is not under %q", c.Key, b.claims)
-		}
+		name := c.Name
 		if h, held := b.st.claims[name]; held && h.rev == c.Revision {
 			b.st.rev++
 			b.st.dropClaimLocked(name, h)
-			b.st.emitLocked(change{kind: claimGone, name: name})
+			b.st.emitLocked(Change{Kind: ClaimGone, Name: name})
 		}
 		return nil
 	})
 }
 
-// publish writes every chunk at one revision, and withdraws as etcd's
+// Publish writes every chunk at one revision, and withdraws as etcd's
 // does: the old digest's chunks, or all of this member's for "".
-func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+func (b *memBackend) Publish(ctx context.Context, id SessionID, digest, old string, chunks [][]byte) error {
 	return b.st.call(ctx, b.id, "publish", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
 		}
 		b.st.rev++
-		var changed []change
+		var changed []Change
 		for i, c := range chunks {
 			k := memChunkKey{b.id, digest, i, len(chunks)}
 			b.st.chunks[k] = memChunk{session: id, data: c, modified: b.st.rev}
-			changed = append(changed, change{kind: chunkPut, chunk: k.chunk(c)})
+			changed = append(changed, Change{Kind: ChunkPut, Chunk: k.chunk(c)})
 		}
 		for k := range b.st.chunks {
 			if k.member == b.id && (digest == "" || (old != digest && k.digest == old)) {
 				delete(b.st.chunks, k)
-				changed = append(changed, change{kind: chunkGone, chunk: k.chunk(nil)})
+				changed = append(changed, Change{Kind: ChunkGone, Chunk: k.chunk(nil)})
 			}
 		}
 		b.st.emitLocked(changed...)
@@ -444,13 +439,13 @@ func (b *memBackend) publish(ctx context.Context, id sessionID, digest, old stri
 	})
 }
 
-// fetch reads member's chunks of digest at the store's revision.
-func (b *memBackend) fetch(ctx context.Context, member, digest string) (chunks []setChunk, at int64, err error) {
+// Fetch reads member's chunks of digest at the store's revision.
+func (b *memBackend) Fetch(ctx context.Context, member, digest string) (chunks []Chunk, at int64, err error) {
 	err = b.st.call(ctx, b.id, "fetch", func(time.Time) error {
 		chunks, at = nil, b.st.rev
 		for k, c := range b.st.chunks {
 			if k.member == member && k.digest == digest {
-				chunks = append(chunks, setChunk{member: member, digest: digest, i: k.i, n: k.n, data: c.data})
+				chunks = append(chunks, Chunk{Member: member, Digest: digest, Index: k.i, Count: k.n, Data: c.data})
 			}
 		}
 		return nil
@@ -464,28 +459,28 @@ func (s *memStore) dropClaimLocked(name string, c memClaim) {
 	s.past = append(s.past, memHeld{name: name, from: c.rev, to: s.rev})
 }
 
-// list returns every record at the store's revision, in one read.
-func (b *memBackend) list(ctx context.Context) (records []change, at int64, err error) {
+// List returns every record at the store's revision, in one read.
+func (b *memBackend) List(ctx context.Context) (records []Change, at int64, err error) {
 	err = b.st.call(ctx, b.id, "list", func(time.Time) error {
 		records, at = nil, b.st.rev
 		for id, m := range b.st.members {
 			c := m.put(id)
-			c.at = m.modified
+			c.At = m.modified
 			records = append(records, c)
 		}
 		for name, c := range b.st.claims {
-			records = append(records, change{kind: claimPut, at: c.rev, member: c.holder, name: name, session: c.session, created: c.rev})
+			records = append(records, Change{Kind: ClaimPut, At: c.rev, Member: c.holder, Name: name, Session: c.session, Created: c.rev})
 		}
 		for k, c := range b.st.chunks {
-			records = append(records, change{kind: chunkPut, at: c.modified, chunk: k.chunk(c.data)})
+			records = append(records, Change{Kind: ChunkPut, At: c.modified, Chunk: k.chunk(c.data)})
 		}
 		return nil
 	})
 	return records, at, err
 }
 
-// heldAt answers from the live holdings and the ended ones, all kept.
-func (b *memBackend) heldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
+// HeldAt answers from the live holdings and the ended ones, all kept.
+func (b *memBackend) HeldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
 	err = b.st.call(ctx, b.id, "heldAt", func(time.Time) error {
 		names = map[string]bool{}
 		for name, c := range b.st.claims {
@@ -504,25 +499,25 @@ func (b *memBackend) heldAt(ctx context.Context, at int64) (names map[string]boo
 }
 
 // put is the change that writes m, the record of member id.
-func (m memMember) put(id string) change {
-	return change{kind: memberPut, member: id, session: m.session, created: m.created, digest: m.digest, leaving: m.leaving}
+func (m memMember) put(id string) Change {
+	return Change{Kind: MemberPut, Member: id, Session: m.session, Created: m.created, Digest: m.digest, Leaving: m.leaving}
 }
 
 // chunk is the chunk k names, holding data.
-func (k memChunkKey) chunk(data []byte) setChunk {
-	return setChunk{member: k.member, digest: k.digest, i: k.i, n: k.n, data: data}
+func (k memChunkKey) chunk(data []byte) Chunk {
+	return Chunk{Member: k.member, Digest: k.digest, Index: k.i, Count: k.n, Data: data}
 }
 
 // emitLocked logs changes as the batch of the current revision, and
 // wakes the feeds. A write that changed nothing logs nothing.
-func (s *memStore) emitLocked(changes ...change) {
+func (s *memStore) emitLocked(changes ...Change) {
 	if len(changes) == 0 {
 		return
 	}
 	for i := range changes {
-		changes[i].at = s.rev
+		changes[i].At = s.rev
 	}
-	s.log = append(s.log, feedBatch{changes: changes, at: s.rev})
+	s.log = append(s.log, FeedBatch{Changes: changes, At: s.rev})
 	close(s.grew)
 	s.grew = make(chan struct{})
 }
@@ -531,15 +526,15 @@ func (s *memStore) emitLocked(changes ...change) {
 // the store when a call comes (reapLocked): their deletions reach the
 // feeds then, not at the moment the validity ran out.
 type memFeed struct {
-	out  chan feedBatch
+	out  chan FeedBatch
 	quit chan struct{} // closed by stop
 	ran  chan struct{} // closed as the feed's goroutine returns
 }
 
-// watch delivers the log's batches after from, one at a time, from a
+// Watch delivers the log's batches after from, one at a time, from a
 // goroutine that stop ends.
-func (b *memBackend) watch(from int64, wg *sync.WaitGroup) feed {
-	f := &memFeed{out: make(chan feedBatch), quit: make(chan struct{}), ran: make(chan struct{})}
+func (b *memBackend) Watch(from int64, wg *sync.WaitGroup) Feed {
+	f := &memFeed{out: make(chan FeedBatch), quit: make(chan struct{}), ran: make(chan struct{})}
 	wg.Add(1)
 	go func() { // owned by the feed; joined by stop, and through wg
 		defer wg.Done()
@@ -554,10 +549,10 @@ func (f *memFeed) run(s *memStore, from int64) {
 	next := 0 // the log's index of the next batch to deliver
 	for {
 		s.mu.Lock()
-		for next < len(s.log) && s.log[next].at <= from {
+		for next < len(s.log) && s.log[next].At <= from {
 			next++
 		}
-		var b feedBatch
+		var b FeedBatch
 		has := next < len(s.log)
 		if has {
 			b = s.log[next]
@@ -581,9 +576,9 @@ func (f *memFeed) run(s *memStore, from int64) {
 	}
 }
 
-func (f *memFeed) batches() <-chan feedBatch { return f.out }
+func (f *memFeed) Batches() <-chan FeedBatch { return f.out }
 
-func (f *memFeed) stop() {
+func (f *memFeed) Stop() {
 	close(f.quit)
 	<-f.ran
 }

@@ -53,7 +53,7 @@ func runMemGroup(t *testing.T, names int, f func(t *testing.T, g *memGroup)) {
 func (g *memGroup) newReplica(id string) *Replica {
 	opts := g.opts
 	opts.ID = id
-	r, err := newReplica(opts, func(r *Replica) backend { return g.st.of(r) })
+	r, err := New(g.st, opts)
 	if err != nil {
 		g.t.Errorf("newReplica(%s): %v", id, err)
 		return nil

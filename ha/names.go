@@ -163,21 +163,21 @@ func parseChunkKey(rest string) (id, digest string, i, n int, ok bool) {
 
 // parseChunk returns the chunk that key, holding value, is; ok is false
 // for a key that is not a chunk's.
-func (k keys) parseChunk(key string, value []byte) (c setChunk, ok bool) {
+func (k keys) parseChunk(key string, value []byte) (c Chunk, ok bool) {
 	rest, ok := strings.CutPrefix(key, k.names)
 	if !ok {
-		return setChunk{}, false
+		return Chunk{}, false
 	}
-	c.member, c.digest, c.i, c.n, ok = parseChunkKey(rest)
-	c.data = value
+	c.Member, c.Digest, c.Index, c.Count, ok = parseChunkKey(rest)
+	c.Data = value
 	return c, ok
 }
 
 // putChunkLocked brings a chunk of a published set into the view; the set
 // is decoded once its last chunk came, and placement is computed afresh.
 // A replica's own set is not kept: it knows its names.
-func (r *Replica) putChunkLocked(c setChunk) {
-	id, digest, i, n := c.member, c.digest, c.i, c.n
+func (r *Replica) putChunkLocked(c Chunk) {
+	id, digest, i, n := c.Member, c.Digest, c.Index, c.Count
 	if id == r.opts.ID {
 		return
 	}
@@ -194,7 +194,7 @@ func (r *Replica) putChunkLocked(c setChunk) {
 	if s.chunks[i] == nil {
 		s.have++
 	}
-	s.chunks[i] = c.data
+	s.chunks[i] = c.Data
 	if s.have < n || s.names != nil {
 		return // incomplete, or a chunk written again into a complete set
 	}
@@ -215,9 +215,9 @@ func (r *Replica) putChunkLocked(c setChunk) {
 // its set again under its new lease while its old lease, revoked, takes
 // the chunks not written again yet. Dropping the whole set there would
 // leave it incomplete for good. A set with no chunk left is forgotten.
-func (r *Replica) deleteChunkLocked(c setChunk) {
-	i, n := c.i, c.n
-	k := c.member + "/" + c.digest
+func (r *Replica) deleteChunkLocked(c Chunk) {
+	i, n := c.Index, c.Count
+	k := c.Member + "/" + c.Digest
 	s := r.sets[k]
 	if s == nil || len(s.chunks) != n || s.chunks[i] == nil {
 		return
@@ -377,9 +377,9 @@ func (r *Replica) writeDigest(ep *epoch, d string) {
 	defer ep.wg.Done()
 	for {
 		ctx, cancel := context.WithTimeout(ep.ctx, r.opts.RequestTimeout)
-		written, err := r.be.putMember(ctx, sessionID(ep.lease), d, false)
+		written, err := r.be.PutMember(ctx, SessionID(ep.lease), d, false)
 		cancel()
-		if errors.Is(err, errSessionEnded) {
+		if errors.Is(err, ErrSessionEnded) {
 			ep.fence.expire(errLeaseLost)
 			return
 		}
@@ -454,8 +454,8 @@ func (r *Replica) publishNames(ep *epoch, want, old string, names []string) {
 		chunks = encodeNames(names)
 	}
 	for {
-		err := r.be.publish(ep.ctx, sessionID(ep.lease), want, old, chunks)
-		if errors.Is(err, errSessionEnded) {
+		err := r.be.Publish(ep.ctx, SessionID(ep.lease), want, old, chunks)
+		if errors.Is(err, ErrSessionEnded) {
 			ep.fence.expire(errLeaseLost)
 			return
 		}
@@ -524,7 +524,7 @@ func (r *Replica) keepFetch(ep *epoch) {
 // chunks, at the position at.
 type fetchedSet struct {
 	at     int64
-	chunks []setChunk
+	chunks []Chunk
 }
 
 // fetchNameSets reads the set each member in want published for its
@@ -534,8 +534,8 @@ func (r *Replica) fetchNameSets(ep *epoch, want map[string]string) {
 	defer ep.wg.Done()
 	var sets []fetchedSet
 	for id, d := range want {
-		ctx, cancel := r.be.request(ep.ctx)
-		chunks, at, err := r.be.fetch(ctx, id, d)
+		ctx, cancel := r.be.Request(ep.ctx)
+		chunks, at, err := r.be.Fetch(ctx, id, d)
 		cancel()
 		if err == nil && len(chunks) > 0 {
 			sets = append(sets, fetchedSet{at: at, chunks: chunks})

@@ -336,7 +336,7 @@ func TestRuntimeRegistrationPublishesNoWholeSets(t *testing.T) {
 // refused (TestGroupsNeverSeeEachOthersKeys).
 func TestNaturalPrefixesAreAccepted(t *testing.T) {
 	for _, prefix := range []string{"/dns/names", "/registry/names/controllers", "/svc/claims-v2"} {
-		_, err := New(&clientv3.Client{}, Options{Prefix: prefix, ID: "web-0"})
+		_, err := New(Etcd(&clientv3.Client{}), Options{Prefix: prefix, ID: "web-0"})
 		if err != nil {
 			t.Errorf("New with Prefix %q, accepted by the release before digests: %v", prefix, err)
 		}

@@ -119,9 +119,10 @@ type Options struct {
 	ManagerOptions []controller.Option
 }
 
-// ErrInvalidOptions is wrapped by the error [New] returns for bad Options
-// or a nil etcd client, and so by [Join]'s, which calls New; the error
-// names every bad field. Check for it with errors.Is.
+// ErrInvalidOptions is wrapped by the error [New] returns for bad Options,
+// a nil store, or options its store refuses (a nil etcd client), and so
+// by [Join]'s, which calls New; the error names every bad field. Check
+// for it with errors.Is.
 var ErrInvalidOptions = errors.New("ha: invalid options")
 
 // minMargin is the least Margin a replica accepts: the package's own

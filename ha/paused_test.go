@@ -42,7 +42,7 @@ func pausedChild(addr, prefix string) {
 	opts.Prefix, opts.ID, opts.Mode = prefix, "paused", Leader
 	logger := logrus.New() // to stderr, which the test shows when it fails
 	opts.Logger = logger
-	r, err := Join(context.Background(), cli, opts)
+	r, err := Join(context.Background(), Etcd(cli), opts)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)

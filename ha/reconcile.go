@@ -10,8 +10,6 @@ import (
 	"log/slog"
 	"maps"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // retryAfter is the pause before a failed list, watch or claim request is
@@ -33,12 +31,12 @@ const (
 // result is a worker's report to the loop.
 type result struct {
 	kind   resultKind
-	name   string            // released
-	ok     bool              // rewrote: the member key is ours; redigested: it was written
-	digest string            // rewrote, redigested, published: the digest written
-	other  *clientv3.LeaseID // rewrote and not ok: the lease the member key is under (0: none); nil: the key is gone
-	claims []claimed         // acquired: the outcome of each name of the batch
-	sets   []fetchedSet      // fetched: what each read found
+	name   string       // released
+	ok     bool         // rewrote: the member key is ours; redigested: it was written
+	digest string       // rewrote, redigested, published: the digest written
+	other  *SessionID   // rewrote and not ok: the lease the member key is under (0: none); nil: the key is gone
+	claims []Claimed    // acquired: the outcome of each name of the batch
+	sets   []fetchedSet // fetched: what each read found
 }
 
 // serve runs one epoch until its fence passes (it returns nil) or a stop
@@ -75,9 +73,9 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		if ep.settle != nil {
 			settled = ep.settle.C
 		}
-		var batches <-chan feedBatch
+		var batches <-chan FeedBatch
 		if ep.watch != nil {
-			batches = ep.watch.batches()
+			batches = ep.watch.Batches()
 		}
 		select {
 		case <-ep.fence.ctx.Done():
@@ -85,9 +83,9 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		case req := <-r.stopReq:
 			return &req
 		case b := <-batches:
-			if b.err != nil {
+			if b.Err != nil {
 				r.dropWatch(ep)
-				if !errors.Is(b.err, errFeedSilent) {
+				if !errors.Is(b.Err, errFeedSilent) {
 					r.retryLater(ep) // a silent one is given up after a long wait already
 				}
 				continue
@@ -141,7 +139,7 @@ func (r *Replica) relist(ep *epoch) error {
 	defer cancel()
 	stop := context.AfterFunc(ep.fence.ctx, cancel)
 	defer stop()
-	records, rev, err := r.be.list(ctx)
+	records, rev, err := r.be.List(ctx)
 	if err != nil {
 		return err
 	}
@@ -191,8 +189,8 @@ func (r *Replica) relist(ep *epoch) error {
 		r.memberLost = true // deleted while no watch ran (putLocked saw any other lease)
 	}
 	r.mu.Unlock()
-	w := r.be.watch(rev, &ep.wg)
-	ep.watch, ep.watchCancel = w, w.stop
+	w := r.be.Watch(rev, &ep.wg)
+	ep.watch, ep.watchCancel = w, w.Stop
 	return nil
 }
 
@@ -214,7 +212,7 @@ func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string
 	if !settling || rev == 0 {
 		return nil
 	}
-	names, err := r.be.heldAt(ctx, rev)
+	names, err := r.be.HeldAt(ctx, rev)
 	if err != nil {
 		return nil
 	}
@@ -225,32 +223,32 @@ func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string
 // position to the batch's (feedBatch.at). The deletions of a session's
 // end come at one position, in one batch: they are judged a position at
 // a time (endsLocked).
-func (r *Replica) apply(ep *epoch, b feedBatch) {
+func (r *Replica) apply(ep *epoch, b FeedBatch) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.heard = now
 	var ends lastEnds
-	for _, c := range b.changes {
-		if c.at != ends.rev {
+	for _, c := range b.Changes {
+		if c.At != ends.rev {
 			r.endsLocked(ep, &ends, now)
-			ends.rev = c.at
+			ends.rev = c.At
 		}
 		r.changeLocked(ep, &ends, c, now)
 	}
 	r.endsLocked(ep, &ends, now)
-	r.viewRev = max(r.viewRev, b.at)
+	r.viewRev = max(r.viewRev, b.At)
 }
 
 // changeLocked brings a change the watch delivered at seen into the
 // view; the deletions of its position are collected in ends.
-func (r *Replica) changeLocked(ep *epoch, ends *lastEnds, c change, seen time.Time) {
-	switch c.kind {
-	case memberPut, claimPut, chunkPut:
+func (r *Replica) changeLocked(ep *epoch, ends *lastEnds, c Change, seen time.Time) {
+	switch c.Kind {
+	case MemberPut, ClaimPut, ChunkPut:
 		r.putLocked(c, seen)
-	case memberGone:
-		id := c.member
-		if id == r.opts.ID && c.at > r.listedRev {
+	case MemberGone:
+		id := c.Member
+		if id == r.opts.ID && c.At > r.listedRev {
 			// (A deletion at or before the listing comes again from a
 			// watch that starts at the listed revision: the relist saw
 			// it already.)
@@ -276,8 +274,8 @@ func (r *Replica) changeLocked(ep *epoch, ends *lastEnds, c change, seen time.Ti
 			delete(r.members, id)
 			r.membershipChangedLocked()
 		}
-	case claimGone:
-		name := c.name
+	case ClaimGone:
+		name := c.Name
 		if held, had := r.claims[name]; had {
 			if held.lease == ep.lease {
 				ends.own++
@@ -293,44 +291,44 @@ func (r *Replica) changeLocked(ep *epoch, ends *lastEnds, c change, seen time.Ti
 		if r.handed != nil {
 			r.handed[name] = struct{}{}
 		}
-	case chunkGone:
-		r.deleteChunkLocked(c.chunk)
+	case ChunkGone:
+		r.deleteChunkLocked(c.Chunk)
 	}
 }
 
 // putLocked brings a record put into the view. seen is when the watch
 // delivered it; zero from a listing.
-func (r *Replica) putLocked(c change, seen time.Time) {
-	switch c.kind {
-	case memberPut:
-		id, lease := c.member, clientv3.LeaseID(c.session)
+func (r *Replica) putLocked(c Change, seen time.Time) {
+	switch c.Kind {
+	case MemberPut:
+		id, lease := c.Member, SessionID(c.Session)
 		if id == r.opts.ID && lease != r.lease {
 			r.memberLost = true
 		}
 		r.memberLeases[id] = lease
-		if c.leaving {
+		if c.Leaving {
 			r.leaving[id] = lease
 		}
 		r.liftLocked(id)
-		if rev, had := r.members[id]; !had || rev != c.created {
-			r.members[id] = c.created
+		if rev, had := r.members[id]; !had || rev != c.Created {
+			r.members[id] = c.Created
 			r.membershipChangedLocked()
 		}
-		if old, had := r.memberNames[id]; !had || old != c.digest {
-			r.memberNames[id] = c.digest
+		if old, had := r.memberNames[id]; !had || old != c.Digest {
+			r.memberNames[id] = c.Digest
 			r.membershipChangedLocked() // whose published set counts changed
 		}
-	case claimPut:
-		v := claimView{holder: c.member, lease: clientv3.LeaseID(c.session), rev: c.created}
-		if old, had := r.claims[c.name]; had && old.rev == v.rev && !old.since.IsZero() {
+	case ClaimPut:
+		v := claimView{holder: c.Member, lease: SessionID(c.Session), rev: c.Created}
+		if old, had := r.claims[c.Name]; had && old.rev == v.rev && !old.since.IsZero() {
 			v.since = old.since // the same holding, put again (a watch replayed from the listing)
 		} else if v.rev > r.listedRev {
 			v.since = seen // created after the listing: seen within a round trip
 		}
-		r.claims[c.name] = v
-		r.dirty[c.name] = struct{}{}
-	case chunkPut:
-		r.putChunkLocked(c.chunk)
+		r.claims[c.Name] = v
+		r.dirty[c.Name] = struct{}{}
+	case ChunkPut:
+		r.putChunkLocked(c.Chunk)
 	}
 }
 
@@ -400,7 +398,7 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 	case s == nil:
 		if c, held := r.claims[name]; held && c.lease == ep.lease {
 			s = newSlot(releasing)
-			s.claim = Claim{Key: r.keys.claims + name, Revision: c.rev}
+			s.claim = Claim{Name: name, Revision: c.rev} // enough for Release
 			s.stray = true
 			r.slots[name] = s
 			r.releaseLocked(ep, name, s, false, "")
@@ -481,8 +479,8 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 		case <-ep.ctx.Done():
 			return
 		}
-		ctx, cancel := r.be.request(ep.ctx)
-		err := r.be.release(ctx, c)
+		ctx, cancel := r.be.Request(ep.ctx)
+		err := r.be.Release(ctx, c)
 		cancel()
 		<-ep.sem
 		if err == nil {
@@ -519,17 +517,17 @@ func (r *Replica) rewriteMember(ep *epoch) {
 	defer ep.wg.Done()
 	for {
 		digest := r.digestString()
-		ctx, cancel := r.be.request(ep.ctx)
-		under, found, err := r.be.ensureMember(ctx, sessionID(ep.lease), digest)
+		ctx, cancel := r.be.Request(ep.ctx)
+		under, found, err := r.be.EnsureMember(ctx, SessionID(ep.lease), digest)
 		cancel()
-		if errors.Is(err, errSessionEnded) {
+		if errors.Is(err, ErrSessionEnded) {
 			ep.fence.expire(errLeaseLost) // the key went with the lease
 			return
 		}
 		if err == nil {
-			res := result{kind: rewrote, ok: found && under == sessionID(ep.lease), digest: digest}
+			res := result{kind: rewrote, ok: found && under == SessionID(ep.lease), digest: digest}
 			if found && !res.ok {
-				other := clientv3.LeaseID(under)
+				other := SessionID(under)
 				res.other = &other
 			}
 			r.report(ep, res)
@@ -632,6 +630,6 @@ func (r *Replica) handle(ep *epoch, res result) {
 
 // dropWatch stops the epoch's feed; the loop lists and watches anew.
 func (r *Replica) dropWatch(ep *epoch) {
-	ep.watch.stop()
+	ep.watch.Stop()
 	ep.watch, ep.watchCancel = nil, nil
 }

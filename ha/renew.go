@@ -58,7 +58,7 @@ func (r *Replica) renewLease(ep *epoch) (time.Time, time.Duration, error) {
 		go func() { // owned by renewLease; joined by its deferred wg.Wait
 			defer wg.Done()
 			defer rcancel()
-			valid, err := r.be.renew(rctx, sessionID(ep.lease))
+			valid, err := r.be.Renew(rctx, SessionID(ep.lease))
 			answers <- renewal{sent, valid, err}
 		}()
 	}
@@ -70,7 +70,7 @@ func (r *Replica) renewLease(ep *epoch) (time.Time, time.Duration, error) {
 		select {
 		case a := <-answers:
 			inFlight--
-			if a.err == nil || errors.Is(a.err, errSessionEnded) {
+			if a.err == nil || errors.Is(a.err, ErrSessionEnded) {
 				return a.sent, a.valid, a.err
 			}
 			last = a

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/bgctl/controller"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // orBackground returns ctx, or context.Background for a nil ctx: every
@@ -45,7 +44,7 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // them and joins them. Every method is safe for concurrent use.
 type Replica struct {
 	// Immutable after New.
-	be    backend // the store: etcd's, made from New's client; newReplica's caller may give another
+	be    Backend // the store's, from Store.Backend in New
 	opts  Options
 	keys  keys
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
@@ -63,7 +62,10 @@ type Replica struct {
 
 	events eventHub // Events' subscribers; guarded by its own lock
 
-	// claimBatch is how many names a claim transaction holds: maxClaimBatch,
+	// maxClaimNames and maxClaimBytes are the backend's ClaimLimits.
+	// Immutable after New.
+	maxClaimNames, maxClaimBytes int
+	// claimBatch is how many names a Claim call holds: maxClaimNames,
 	// halved by the claim workers for a server that takes fewer operations
 	// (claimAll). Atomic.
 	claimBatch atomic.Int32
@@ -100,7 +102,7 @@ type Replica struct {
 	place    *placement                             // computed from the view by placementLocked; nil: to rebuild
 	claims   map[string]claimView                   // claim keys in the view, by name
 	viewRev  int64                                  // the etcd revision the view is at
-	lease    clientv3.LeaseID                       // of the current epoch; 0 between epochs
+	lease    SessionID                              // of the current epoch; 0 between epochs
 	fence    *fence                                 // of the current epoch; a passed one between epochs
 	joinErr  error                                  // the last attempt to join again failed with it; nil: none did, or one succeeded since
 	closed   bool                                   // Leave or Close was called
@@ -114,9 +116,9 @@ type Replica struct {
 	// chunk is written again. Forgotten with the view.
 	badSets map[string]struct{}
 
-	memberLeases map[string]clientv3.LeaseID // the lease of each member's key
-	listedRev    int64                       // the revision of the view's last listing
-	heard        time.Time                   // when the watch last spoke, or the view was listed, or the epoch began
+	memberLeases map[string]SessionID // the lease of each member's key
+	listedRev    int64                // the revision of the view's last listing
+	heard        time.Time            // when the watch last spoke, or the view was listed, or the epoch began
 	// memberLost: the watch showed this replica's member key deleted, or
 	// written under another lease, while this epoch's lease lives.
 	memberLost bool
@@ -136,14 +138,14 @@ type Replica struct {
 	//	quarantine   names not to claim before a time: their claim ended with a lease that ended early
 	//	gates        members whose lease ended unseen, maybe early: no free name is claimed before a time
 	//	prevClaims, prevMembers, prevLeaving  the view of the epoch that ended at a fence pass, for the next listing
-	leaving     map[string]clientv3.LeaseID
+	leaving     map[string]SessionID
 	gone        map[string]goneMember
-	leaseLast   map[clientv3.LeaseID]leaseAnswer
+	leaseLast   map[SessionID]leaseAnswer
 	quarantine  map[string]quarantined
 	gates       map[string]gate
 	prevClaims  map[string]claimView
-	prevMembers map[string]clientv3.LeaseID
-	prevLeaving map[string]clientv3.LeaseID
+	prevMembers map[string]SessionID
+	prevLeaving map[string]SessionID
 }
 
 // keys are the etcd keys and prefixes of one Options.Prefix.
@@ -170,7 +172,7 @@ func keysOf(prefix string) keys {
 // claimView is what the view knows of a claim key.
 type claimView struct {
 	holder string // the key's value: the holder's ID
-	lease  clientv3.LeaseID
+	lease  SessionID
 	rev    int64     // create revision
 	since  time.Time // when the watch brought its creation; zero: it was there when the view was listed
 }
@@ -252,27 +254,17 @@ type stopRequest struct {
 	leave bool // true: Leave, false: Close
 }
 
-// New makes a Replica that is not a member yet: it checks opts and makes
-// the inner [controller.Manager], but sends nothing to etcd and starts no
-// goroutine. Register the service's controllers on it, then call
+// New makes a Replica on store ([Etcd], or the Kubernetes store of the
+// module github.com/bgctl/controller/ha/kube) that is not a member yet:
+// it checks opts, makes the inner [controller.Manager] and asks store for
+// its Backend, but sends nothing and starts no goroutine. Register the service's controllers on it, then call
 // [Replica.Join]: the replica then knows every name from its first view of
 // the members, and claims only its share (see Options.Settle). Leave or
 // Close before Join release the Replica, which holds nothing.
-func New(cli *clientv3.Client, opts Options) (*Replica, error) {
-	if cli == nil {
-		return nil, fmt.Errorf("%w: the etcd client must not be nil", ErrInvalidOptions)
+func New(store Store, opts Options) (*Replica, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: the store must not be nil", ErrInvalidOptions)
 	}
-	return newReplica(opts, func(r *Replica) backend {
-		return newEtcdBackend(cli, r.opts, r.keys, r.log, r.stopping)
-	})
-}
-
-// newReplica is New on the store that store makes: it checks opts (the
-// TTL in whole seconds included, as etcd needs), makes the Replica and
-// its inner Manager, and then calls store once for the backend, with the
-// Replica's opts, keys, log and stopping set. It sends nothing and
-// starts no goroutine.
-func newReplica(opts Options, store func(r *Replica) backend) (*Replica, error) {
 	opts, err := opts.normalize()
 	if err != nil {
 		return nil, err
@@ -296,24 +288,33 @@ func newReplica(opts Options, store func(r *Replica) backend) (*Replica, error) 
 		sets:        make(map[string]*nameSet),
 		badSets:     make(map[string]struct{}),
 
-		memberLeases: make(map[string]clientv3.LeaseID),
-		leaving:      make(map[string]clientv3.LeaseID),
+		memberLeases: make(map[string]SessionID),
+		leaving:      make(map[string]SessionID),
 		gone:         make(map[string]goneMember),
-		leaseLast:    make(map[clientv3.LeaseID]leaseAnswer),
+		leaseLast:    make(map[SessionID]leaseAnswer),
 		quarantine:   make(map[string]quarantined),
 		gates:        make(map[string]gate),
 	}
 	r.stopping, r.abort = context.WithCancel(context.Background())
-	r.be = store(r)
-	r.claimBatch.Store(maxClaimBatch)
+	r.be, err = store.Backend(BackendConfig{
+		Group: opts.Prefix, ID: opts.ID, TTL: opts.TTL, RequestTimeout: opts.RequestTimeout,
+		RenewEvery: opts.keepAliveEvery(), Window: opts.window(),
+		Logger: r.log, Stopping: r.stopping,
+	})
+	if err != nil {
+		r.abort()
+		return nil, err
+	}
+	r.maxClaimNames, r.maxClaimBytes = r.be.ClaimLimits()
+	r.claimBatch.Store(int32(r.maxClaimNames))
 	return r, nil
 }
 
 // Join is [New], then [Replica.Join]: the replica is a member when it
 // returns, and claims names as they are registered. A nil ctx is
 // context.Background.
-func Join(ctx context.Context, cli *clientv3.Client, opts Options) (*Replica, error) {
-	r, err := New(cli, opts)
+func Join(ctx context.Context, store Store, opts Options) (*Replica, error) {
+	r, err := New(store, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -380,7 +381,7 @@ func (r *Replica) Join(ctx context.Context) error {
 		}
 		return err
 	}
-	r.be.checkServers(ctx)
+	r.be.CheckServers(ctx)
 	if r.opts.Mode == Spread && r.opts.Settle > 0 {
 		// Before the loop starts, which alone reads both from here on.
 		r.mu.Lock()

@@ -25,7 +25,7 @@ import (
 func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	key := r.keys.members + r.opts.ID
 	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
-	lease, found, err := r.be.memberSession(gctx)
+	lease, found, err := r.be.MemberSession(gctx)
 	cancel()
 	if err != nil {
 		return err
@@ -47,11 +47,11 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	for {
 		sent := time.Now()
 		tctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
-		left, granted, err := r.be.timeLeft(tctx, lease)
+		left, granted, err := r.be.TimeLeft(tctx, lease)
 		cancel()
 		recv := time.Now()
 		switch {
-		case errors.Is(err, errSessionEnded):
+		case errors.Is(err, ErrSessionEnded):
 			return nil // it ran out, and the key with it
 		case err == nil:
 			next := last.next(sent, recv, left, granted)

@@ -57,7 +57,7 @@ func TestRestartWithASlowFirstReadingIsNoDuplicate(t *testing.T) {
 	// The defaults, TTL 10s and Margin 2.5s: RequestTimeout (TTL −
 	// Margin)/2 = 3.75s lets the slow first answer count.
 	opts.TTL, opts.Margin = 10*time.Second, 0
-	r, err := New(cli, opts)
+	r, err := New(Etcd(cli), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/bgctl/controller"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Status is one replica's view of the members and of every name
@@ -176,9 +175,9 @@ func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
 				errs[i] = fmt.Errorf("member %q: lease %q: %w", m.ID, m.Lease, err)
 				return
 			}
-			left, _, err := r.be.peerLeft(ctx, sessionID(id))
+			left, _, err := r.be.PeerLeft(ctx, SessionID(id))
 			switch {
-			case errors.Is(err, errSessionEnded):
+			case errors.Is(err, ErrSessionEnded):
 				errs[i] = fmt.Errorf("member %q: lease %s has expired", m.ID, m.Lease)
 			case err != nil:
 				errs[i] = fmt.Errorf("member %q: reading lease %s: %w", m.ID, m.Lease, err)
@@ -195,7 +194,7 @@ func (r *Replica) GroupStatus(ctx context.Context) (Status, error) {
 	return st, nil
 }
 
-func leaseHex(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }
+func leaseHex(id SessionID) string { return fmt.Sprintf("%x", int64(id)) }
 
 // timeOrNil returns &t, or nil for the zero time.
 func timeOrNil(t time.Time) *time.Time {

@@ -106,10 +106,10 @@ func serverVersionWarning(endpoint string, v, minimum serverVersion) string {
 	return fmt.Sprintf("etcd at %s runs %s, older than %s, the %s this package supports: the fence may not hold (see Server versions in the package documentation)", endpoint, v, minimum, which)
 }
 
-// checkServers asks every endpoint of the client for its etcd version and
+// CheckServers asks every endpoint of the client for its etcd version and
 // warns, once, about the oldest one that is too old. It waits at most
 // RequestTimeout; a failure to ask is logged at Debug.
-func (b *etcdBackend) checkServers(ctx context.Context) {
+func (b *etcdBackend) CheckServers(ctx context.Context) {
 	if b.cli.Maintenance == nil { // a client made by clientv3.NewCtxClient
 		b.log.Debug("asking etcd for its version: the client has no maintenance API")
 		return

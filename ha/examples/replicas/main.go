@@ -95,7 +95,7 @@ func main() {
 			log.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := ha.Join(ctx, cli, ha.Options{Prefix: prefix, ID: id, TTL: *ttl, Logger: logger,
+		r, err := ha.Join(ctx, ha.Etcd(cli), ha.Options{Prefix: prefix, ID: id, TTL: *ttl, Logger: logger,
 			Metrics: haMetrics, ManagerOptions: []controller.Option{controller.WithMetrics(coreMetrics)}})
 		cancel()
 		if err != nil {

@@ -1,0 +1,66 @@
+// Stores: where a group of replicas keeps its sessions, and how a Replica
+// gets its Backend from one.
+
+package ha
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A Store is where a group of replicas keeps its members, sessions and
+// holdings: etcd ([Etcd]), or the Kubernetes API server (the module
+// github.com/bgctl/controller/ha/kube). [New] asks it once for the
+// Backend of the replica it makes.
+type Store interface {
+	// Backend returns the backend of the replica c describes. It sends
+	// nothing and starts no goroutine.
+	Backend(c BackendConfig) (Backend, error)
+}
+
+// BackendConfig is what a Replica tells its store about itself when it
+// asks for its Backend: its options, normalized.
+type BackendConfig struct {
+	// Group is the group's name: Options.Prefix.
+	Group string
+	// ID is the replica's ID: Options.ID.
+	ID string
+	// TTL is the validity of the replica's sessions: Options.TTL.
+	TTL time.Duration
+	// RequestTimeout bounds each request the backend makes for the
+	// replica: Options.RequestTimeout.
+	RequestTimeout time.Duration
+	// RenewEvery is how often the replica renews its session, a quarter
+	// of Window: a feed checks its health about this often.
+	RenewEvery time.Duration
+	// Window is TTL − Margin, how long a renewal keeps the fence open: a
+	// feed silent this long is given up and listed again.
+	Window time.Duration
+	// Logger is the replica's logger.
+	Logger *slog.Logger
+	// Stopping is done once the replica stops (Close, or Join failed):
+	// it bounds the requests the backend makes on its own, outside any
+	// caller's context.
+	Stopping context.Context
+}
+
+// Etcd returns the store on etcd that cli reaches: the group lives under
+// Options.Prefix, its sessions are etcd leases, and a DoFunc fences its
+// own writes with [Claim.Held]. cli must outlive every Replica made on
+// it; closing it without Leave is how a crash looks to the others.
+func Etcd(cli *clientv3.Client) Store { return etcdStore{cli} }
+
+// etcdStore is the Store Etcd returns.
+type etcdStore struct{ cli *clientv3.Client }
+
+// Backend returns an etcdBackend for c.
+func (s etcdStore) Backend(c BackendConfig) (Backend, error) {
+	if s.cli == nil {
+		return nil, fmt.Errorf("%w: the etcd client must not be nil", ErrInvalidOptions)
+	}
+	return newEtcdBackend(s.cli, c), nil
+}
