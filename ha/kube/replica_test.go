@@ -1,0 +1,248 @@
+// Whole replicas of package ha on the Kubernetes store, against the real
+// kube-apiserver, each on the replicas' credentials (the manifest's Role
+// and nothing more): the same promise as on etcd, each name on exactly
+// one live replica and never two at once, DoFunc and StopFunc included.
+
+package kube
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	controller "github.com/bgctl/controller"
+	"github.com/bgctl/controller/ha"
+)
+
+// runs records where each name runs: a DoFunc from its start to its
+// return, a StopFunc likewise, and counts every moment two of one name
+// ran at once. Guarded by mu.
+type runs struct {
+	mu       sync.Mutex
+	active   map[string]int    // runs of each name in progress
+	where    map[string]string // the replica running each name, while one does
+	overlaps int               // starts while another run of the name was in progress
+	starts   int
+}
+
+func newRuns() *runs { return &runs{active: map[string]int{}, where: map[string]string{}} }
+
+func (r *runs) begin(replica, name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.active[name]++
+	r.starts++
+	if r.active[name] > 1 {
+		r.overlaps++
+	}
+	r.where[name] = replica
+}
+
+func (r *runs) finish(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.active[name]--
+	if r.active[name] == 0 {
+		delete(r.where, name)
+	}
+}
+
+// params returns the controller of name on replica: a DoFunc that runs
+// until cancelled, a StopFunc that works a little.
+func (r *runs) params(replica, name string) controller.ControllerParams {
+	return controller.ControllerParams{
+		DoFunc: func(ctx context.Context) error {
+			r.begin(replica, name)
+			<-ctx.Done()
+			r.finish(name)
+			return nil
+		},
+		StopFunc: func(context.Context) error {
+			r.begin(replica, name)
+			time.Sleep(5 * time.Millisecond) // a StopFunc's work, not an ordering
+			r.finish(name)
+			return nil
+		},
+		RunInterval:            5 * time.Millisecond,
+		ErrorRetryBaseDuration: 10 * time.Millisecond,
+	}
+}
+
+// placement returns where every name of names runs, and whether each
+// runs on exactly one replica.
+func (r *runs) placement(names []string) (map[string]string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]string, len(names))
+	all := true
+	for _, n := range names {
+		if r.active[n] != 1 {
+			all = false
+		}
+		out[n] = r.where[n]
+	}
+	return out, all
+}
+
+// cut is a transport that a test can cut off from the API server: every
+// request fails while cut is set, as behind a partition.
+type cut struct {
+	rt  http.RoundTripper // immutable after the config wraps it
+	off atomic.Bool
+}
+
+var errCut = errors.New("test: cut off from the API server")
+
+func (c *cut) RoundTrip(req *http.Request) (*http.Response, error) {
+	if c.off.Load() {
+		return nil, errCut
+	}
+	return c.rt.RoundTrip(req)
+}
+
+// replicaTTL is the replicas' TTL, the sessions' lease duration D: short,
+// so that a crash's names move within seconds.
+const replicaTTL = 4 * time.Second
+
+// kubeReplicas is a group of ha replicas on the test cluster.
+type kubeReplicas struct {
+	t     *testing.T
+	c     *cluster
+	group string
+	names []string
+	runs  *runs
+	cuts  map[string]*cut
+	rs    map[string]*ha.Replica
+}
+
+func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
+	c := needCluster(t)
+	applyManifest(t, c)
+	g := &kubeReplicas{t: t, c: c, group: "r" + strings.ToLower(rand.Text()[:10]), runs: newRuns(),
+		cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
+	for i := range names {
+		g.names = append(g.names, fmt.Sprintf("name-%03d", i))
+	}
+	t.Cleanup(func() {
+		for _, r := range g.rs {
+			_ = r.Close()
+		}
+		g.runs.mu.Lock()
+		defer g.runs.mu.Unlock()
+		if g.runs.overlaps != 0 {
+			t.Errorf("%d starts while another run of the name was in progress; want none", g.runs.overlaps)
+		}
+	})
+	return g
+}
+
+// join makes replica id, registers every name on it and joins it.
+func (g *kubeReplicas) join(id string) *ha.Replica {
+	g.t.Helper()
+	cfg := replicaConfig(g.c, nil)
+	ct := &cut{}
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { ct.rt = rt; return ct }
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: 16}), ha.Options{
+		Prefix: g.group, ID: id, TTL: replicaTTL, Settle: 500 * time.Millisecond, Logger: log,
+	})
+	if err != nil {
+		g.t.Fatalf("New(%s): %v", id, err)
+	}
+	for _, n := range g.names {
+		if err := r.UpdateController(n, g.runs.params(id, n)); err != nil {
+			g.t.Fatalf("UpdateController(%s, %s): %v", id, n, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Join(ctx); err != nil {
+		g.t.Fatalf("Join(%s): %v", id, err)
+	}
+	g.cuts[id], g.rs[id] = ct, r
+	return r
+}
+
+// waitPlaced waits, within limit, until every name runs on exactly one
+// replica, all of them among on, and returns how long it took and where
+// each runs.
+func (g *kubeReplicas) waitPlaced(what string, limit time.Duration, on ...string) (time.Duration, map[string]string) {
+	g.t.Helper()
+	start := time.Now()
+	ok := map[string]bool{}
+	for _, id := range on {
+		ok[id] = true
+	}
+	for {
+		where, all := g.runs.placement(g.names)
+		if all {
+			good := true
+			for _, id := range where {
+				good = good && ok[id]
+			}
+			if good {
+				return time.Since(start), where
+			}
+		}
+		if time.Since(start) > limit {
+			g.t.Fatalf("%s: after %v, names run %v; want each on exactly one of %v", what, limit, where, on)
+		}
+		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
+	}
+}
+
+// Three replicas spread the names, a crashed one's names move to the
+// others once its session ended, a leaving one's at once, and no name
+// ever runs twice at once.
+func TestReplicasOnKubernetesSpreadCrashAndLeave(t *testing.T) {
+	g := newKubeReplicas(t, 60)
+	for _, id := range []string{"a", "b", "c"} {
+		g.join(id)
+	}
+	took, where := g.waitPlaced("three replicas placing", 30*time.Second, "a", "b", "c")
+	per := map[string]int{}
+	for _, id := range where {
+		per[id]++
+	}
+	t.Logf("placed in %v: %v", took, per)
+	for _, id := range []string{"a", "b", "c"} {
+		if per[id] == 0 {
+			t.Errorf("replica %s runs none of 60 names (%v); want a share", id, per)
+		}
+	}
+
+	// A crash: c is cut off and closed, so it never ends its session.
+	g.cuts["c"].off.Store(true)
+	crashed := time.Now()
+	if err := g.rs["c"].Close(); err != nil {
+		t.Logf("Close(c) cut off: %v", err)
+	}
+	delete(g.rs, "c")
+	took, _ = g.waitPlaced("after c crashed", replicaTTL+20*time.Second, "a", "b")
+	t.Logf("c's names run elsewhere %v after its crash (D = %v)", time.Since(crashed), replicaTTL)
+	if since := time.Since(crashed); since < replicaTTL-time.Second {
+		t.Errorf("c's names ran elsewhere %v after its crash, before its session of %v could have ended", since, replicaTTL)
+	}
+	_ = took
+
+	// A graceful leave: b's names move to a without waiting for D.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	left := time.Now()
+	if err := g.rs["b"].Leave(ctx); err != nil {
+		t.Errorf("Leave(b): %v", err)
+	}
+	delete(g.rs, "b")
+	took, _ = g.waitPlaced("after b left", 20*time.Second, "a")
+	t.Logf("b's names run on a %v after its Leave returned (%v from the call)", took, time.Since(left))
+}

@@ -1,0 +1,270 @@
+// The Store a Replica of package ha is made on: a group of replicas on
+// the Lease objects of one namespace, each replica's backend a
+// kubeBackend seen through ha's Backend interface.
+
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/bgctl/controller/ha"
+)
+
+// StoreOptions tunes a Store. The zero value is the default of every
+// field.
+type StoreOptions struct {
+	// Buckets is how many bucket Leases hold the group's claims: 256 if
+	// 0. Every replica of a group must use the same: a replica whose
+	// count differs from a live member's is refused when it begins.
+	Buckets int
+}
+
+// Store returns the store of groups of replicas on the Lease objects
+// (coordination.k8s.io/v1) of namespace, reached as cfg says: pass it to
+// ha.New or ha.Join. The group is Options.Prefix, which must be a valid
+// Lease name prefix (lower case letters, digits, '-' and '.'); the
+// session's lease duration is Options.TTL. The replicas need RBAC on
+// leases only (get, list, watch, create, update, delete) in namespace:
+// deploy/rbac.yaml. Renewals go through a client with a rate limiter of
+// their own, so that claim writes never hold one back; claims, reads and
+// the watch use cfg's QPS and Burst.
+func Store(cfg *rest.Config, namespace string, o StoreOptions) ha.Store {
+	return store{cfg: cfg, namespace: namespace, o: o}
+}
+
+// store is the ha.Store Store returns. Immutable.
+type store struct {
+	cfg       *rest.Config
+	namespace string
+	o         StoreOptions
+}
+
+// Backend returns the backend of the replica c describes: its own clients
+// (leaseClients), its group, and a fresh observer.
+func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
+	if s.cfg == nil {
+		return nil, fmt.Errorf("%w: the Kubernetes client configuration must not be nil", ha.ErrInvalidOptions)
+	}
+	if s.namespace == "" {
+		return nil, fmt.Errorf("%w: the namespace must not be empty", ha.ErrInvalidOptions)
+	}
+	hc, err := rest.HTTPClientFor(s.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kube: the HTTP client: %w", err)
+	}
+	leases, renewals, err := leaseClients(s.cfg, hc, s.namespace)
+	if err != nil {
+		return nil, err
+	}
+	g, err := newGroup(leases, renewals, c.Group, s.o.Buckets, c.TTL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ha.ErrInvalidOptions, err)
+	}
+	if err := checkInfixes("member ID", c.ID, false); err != nil {
+		return nil, fmt.Errorf("%w: %w", ha.ErrInvalidOptions, err)
+	}
+	cl, err := coordinationv1client.NewForConfigAndClient(s.cfg, hc)
+	if err != nil {
+		return nil, fmt.Errorf("kube: the version client: %w", err)
+	}
+	return seam{newKubeBackend(g, c.ID, c.Logger, serverVersion(cl.RESTClient()), c.RequestTimeout)}, nil
+}
+
+// maxClaimNames is how many names one Claim takes (ClaimLimits): a claim
+// costs one write per bucket its names fall in, so a large batch costs
+// no more writes than a small one, and 100,000 names over the default
+// 256 buckets take seven calls.
+const maxClaimNames = 16384
+
+// seam is a kubeBackend as ha's Backend: each method converts between
+// ha's types and this package's copies of them, and this package's
+// errors to ha's sentinels (seamErr).
+type seam struct{ b *kubeBackend }
+
+// seamErr wraps err with the ha sentinel its cause stands for: an ended
+// or lost session is ha.ErrSessionEnded, a live session of the same ID
+// ha.ErrDuplicateID, a bucket too full for the names ha.ErrTooLarge.
+func seamErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errSessionEnded), errors.Is(err, errSessionLost):
+		return fmt.Errorf("%w: %w", ha.ErrSessionEnded, err)
+	case errors.Is(err, errDuplicateSession):
+		return fmt.Errorf("%w: %w", ha.ErrDuplicateID, err)
+	case errors.Is(err, errClaimsTooLarge):
+		return fmt.Errorf("%w: %w", ha.ErrTooLarge, err)
+	}
+	return err
+}
+
+func (s seam) CheckServers(ctx context.Context) { s.b.checkServers(ctx) }
+
+func (s seam) Request(parent context.Context) (context.Context, context.CancelFunc) {
+	return s.b.request(parent)
+}
+
+func (s seam) Begin(ctx context.Context, prev ha.SessionID, ttl time.Duration, digest string) (ha.Session, error) {
+	got, err := s.b.begin(ctx, sessionID(prev), ttl, digest)
+	if err != nil {
+		return ha.Session{}, seamErr(err)
+	}
+	return ha.Session{ID: ha.SessionID(got.id), Sent: got.sent, JoinedAt: got.joinedAt}, nil
+}
+
+func (s seam) Renew(ctx context.Context, id ha.SessionID) (time.Duration, error) {
+	valid, err := s.b.renew(ctx, sessionID(id))
+	return valid, seamErr(err)
+}
+
+func (s seam) End(ctx context.Context, id ha.SessionID) error {
+	return seamErr(s.b.end(ctx, sessionID(id)))
+}
+
+func (s seam) PutMember(ctx context.Context, id ha.SessionID, digest string, leaving bool) (bool, error) {
+	written, err := s.b.putMember(ctx, sessionID(id), digest, leaving)
+	return written, seamErr(err)
+}
+
+func (s seam) EnsureMember(ctx context.Context, id ha.SessionID, digest string) (ha.SessionID, bool, error) {
+	under, found, err := s.b.ensureMember(ctx, sessionID(id), digest)
+	return ha.SessionID(under), found, seamErr(err)
+}
+
+func (s seam) Claim(ctx context.Context, id ha.SessionID, names []string) ([]ha.Claimed, []string, error) {
+	got, absent, err := s.b.claim(ctx, sessionID(id), names)
+	if err != nil {
+		return nil, nil, seamErr(err)
+	}
+	out := make([]ha.Claimed, len(got))
+	for i, c := range got {
+		out[i] = ha.Claimed{Name: c.name, Mine: c.ok, Revision: c.rev, At: c.hdr}
+		if c.ok {
+			out[i].Key, out[i].Token = s.b.g.bucketName(bucketOf(c.name, s.b.g.buckets)), c.token
+		} else if c.view != nil {
+			out[i].Holder, out[i].Session, out[i].Revision = c.view.holder, ha.SessionID(c.view.lease), c.view.rev
+		}
+	}
+	return out, absent, nil
+}
+
+func (s seam) ClaimCost(name string) int { return s.b.claimCost(name) }
+
+// ClaimLimits lets one Claim carry many names: it costs one write per
+// bucket its names fall in, not one per name.
+func (s seam) ClaimLimits() (names, bytes int) { return maxClaimNames, maxClaimNames * 64 }
+
+func (s seam) Release(ctx context.Context, c ha.Claim) error {
+	return seamErr(s.b.release(ctx, Claim{Key: c.Name, Revision: c.Revision, Token: c.Token}))
+}
+
+func (s seam) MemberSession(ctx context.Context) (ha.SessionID, bool, error) {
+	id, found, err := s.b.memberSession(ctx)
+	return ha.SessionID(id), found, seamErr(err)
+}
+
+func (s seam) TimeLeft(ctx context.Context, id ha.SessionID) (time.Duration, time.Duration, error) {
+	left, granted, err := s.b.timeLeft(ctx, sessionID(id))
+	return left, granted, seamErr(err)
+}
+
+func (s seam) PeerLeft(ctx context.Context, id ha.SessionID) (time.Duration, time.Duration, error) {
+	left, granted, err := s.b.peerLeft(ctx, sessionID(id))
+	return left, granted, seamErr(err)
+}
+
+func (s seam) Publish(ctx context.Context, id ha.SessionID, digest, old string, chunks [][]byte) error {
+	return seamErr(s.b.publish(ctx, sessionID(id), digest, old, chunks))
+}
+
+func (s seam) Fetch(ctx context.Context, member, digest string) ([]ha.Chunk, int64, error) {
+	got, at, err := s.b.fetch(ctx, member, digest)
+	if err != nil {
+		return nil, 0, seamErr(err)
+	}
+	out := make([]ha.Chunk, len(got))
+	for i, c := range got {
+		out[i] = haChunk(c)
+	}
+	return out, at, nil
+}
+
+func (s seam) List(ctx context.Context) ([]ha.Change, int64, error) {
+	got, at, err := s.b.list(ctx)
+	if err != nil {
+		return nil, 0, seamErr(err)
+	}
+	return haChanges(got), at, nil
+}
+
+func (s seam) HeldAt(ctx context.Context, at int64) (map[string]bool, error) {
+	return s.b.heldAt(ctx, at)
+}
+
+// Watch starts the backend's feed and a goroutine that hands its batches
+// on as ha's; both are counted in wg and end once Stop has returned.
+func (s seam) Watch(from int64, wg *sync.WaitGroup) ha.Feed {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &seamFeed{in: s.b.watch(from, wg), out: make(chan ha.FeedBatch), cancel: cancel}
+	wg.Go(func() { f.run(ctx) })
+	return f
+}
+
+// seamFeed is a kubeFeed as ha's Feed: its goroutine (run) converts each
+// batch. Immutable.
+type seamFeed struct {
+	in     feed
+	out    chan ha.FeedBatch // unbuffered: run sends, the caller receives
+	cancel context.CancelFunc
+}
+
+func (f *seamFeed) Batches() <-chan ha.FeedBatch { return f.out }
+
+// Stop ends the backend's feed and run.
+func (f *seamFeed) Stop() {
+	f.cancel()
+	f.in.stop()
+}
+
+// run hands each batch of the backend's feed on, converted, until Stop.
+func (f *seamFeed) run(ctx context.Context) {
+	for {
+		var b feedBatch
+		select {
+		case b = <-f.in.batches():
+		case <-ctx.Done():
+			return
+		}
+		out := ha.FeedBatch{Changes: haChanges(b.changes), At: b.at, Err: seamErr(b.err)}
+		select {
+		case f.out <- out:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// haChanges returns chs as ha's Changes.
+func haChanges(chs []seamChange) []ha.Change {
+	if chs == nil {
+		return nil
+	}
+	out := make([]ha.Change, len(chs))
+	for i, c := range chs {
+		out[i] = ha.Change{Kind: ha.ChangeKind(c.kind), At: c.at, Member: c.member, Name: c.name,
+			Session: ha.SessionID(c.session), Created: c.created, Digest: c.digest, Leaving: c.leaving, Chunk: haChunk(c.chunk)}
+	}
+	return out
+}
+
+// haChunk returns c as ha's Chunk.
+func haChunk(c setChunk) ha.Chunk {
+	return ha.Chunk{Member: c.member, Digest: c.digest, Index: c.i, Count: c.n, Data: c.data}
+}
