@@ -226,14 +226,18 @@ func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
 // A replica paused past its session's proven end, whose names another
 // replica took meanwhile, wakes, ends its session and releases a
 // holding of it: neither touches the newer holding of the name, which is
-// at a later position; its end removes what is still its own and
-// answers errSessionEnded.
+// at a later position. Its end answers errSessionEnded and writes
+// nothing: its entries left are free to the others, whose observers
+// count the session ended (an end's removal could otherwise reach an
+// observer that does not yet, as several deletions at one position,
+// which ha reads as the session's end).
 func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
 	st, a, sa, names, got := pausedHolder(t, c, 2, 0)
 	x, y := names[0], names[1]
 	old := Claim{Key: x, Revision: kubeClaimedBy(got)[x].rev}
+	identity := a.live(sa.id).identity
 	// r1 takes x.
 	b, sb := kubeBegin(t, st, "r1")
 	keepRenewing(t, b, sb)
@@ -259,8 +263,11 @@ func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	if e, ok := claims[x]; !ok || e.session != b.live(sb.id).identity || e.token != taken.token {
 		t.Errorf("after r0's late release and end, %s is %+v (held %v); want r1's holding, token %d", x, e, ok, taken.token)
 	}
-	if e, ok := claims[y]; ok {
-		t.Errorf("after r0's late end, %s is still held: %+v", y, e)
+	if e := claims[y]; e.session != identity {
+		t.Errorf("after r0's late end, %s is %+v; want r0's entry left as it was", y, e)
+	}
+	if got, _, err := b.claim(t.Context(), sb.id, []string{y}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Errorf("r1's claim of %s, left by r0's ended session = %+v, %v; want r1's", y, got, err)
 	}
 }
 
