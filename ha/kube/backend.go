@@ -561,6 +561,40 @@ func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 // and a few for its session's index and token.
 func (b *kubeBackend) claimCost(name string) int { return len(name) + 8 }
 
+// errTooLarge is wrapped by claim's error when a bucket cannot take its
+// part of the names (errClaimsTooLarge), as ha's errTooLarge is: the
+// same names in smaller batches may pass.
+var errTooLarge = errors.New("kube: a bucket Lease cannot take that many names at once")
+
+// The batches kubeBackend would declare to ha's shared part, which hands
+// claim at most claimBatchNames names of at most claimBatchBytes bytes
+// (claimCost) per call: a call costs one guarded write per bucket its
+// names fall in, at most the group's B (256 unless set), plus a retry
+// per conflict and a read per bucket whose version the backend has not
+// seen, however many names it carries
+// (TestBackendClaimCostsOneWritePerBucket). So a batch is as large as
+// the buckets' room allows: etcd's 128 names a call would touch a
+// hundred buckets each, a write for nearly every name. The room is a
+// bucket's claims as a whole (maxClaimsBytes: 224 KiB, deflated and in
+// base64, of the 256 KiB an object's annotations may hold), and a
+// call's names spread over the buckets by their hash: 1 MiB puts about
+// 4 KiB in each of 256 buckets, a fiftieth of its room; in a group of
+// fewer buckets, 4 KiB a bucket. The count bounds one call's work (its
+// decoding, its answer). A bucket that would overflow all the same
+// fails the call with errTooLarge, and the caller halves the batch.
+const (
+	claimBatchNames        = 20000
+	claimBatchBytes        = 1 << 20
+	claimBatchBytesABucket = 4 << 10
+)
+
+// claimBatch returns the most names and bytes (claimCost) one claim of
+// the group takes: claimBatchNames, and claimBatchBytes or
+// claimBatchBytesABucket per bucket if less.
+func (g *group) claimBatch() (names, bytes int) {
+	return claimBatchNames, min(claimBatchBytes, g.buckets*claimBatchBytesABucket)
+}
+
 // claim makes session id the holder of names: one change per bucket the
 // names fall in (claimWorkers at a time), each starting from the version
 // of the bucket the backend last saw (the feed's, or its own last
@@ -624,8 +658,11 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 		}
 	})
 	if err := errors.Join(errs...); err != nil {
-		if errors.Is(err, errSessionLost) || errors.Is(err, errSessionEnded) {
+		switch {
+		case errors.Is(err, errSessionLost) || errors.Is(err, errSessionEnded):
 			return nil, nil, fmt.Errorf("%w: %w", errSessionEnded, err)
+		case errors.Is(err, errClaimsTooLarge):
+			return nil, nil, fmt.Errorf("%w: %w", errTooLarge, err)
 		}
 		return nil, nil, err
 	}
