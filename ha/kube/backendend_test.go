@@ -161,3 +161,28 @@ func TestBackendEndMarkFreesTheNamesAtOnce(t *testing.T) {
 	}
 	_ = restarted.end(ctx, s2.id)
 }
+
+// begin from prev ends prev as end does: another replica's feed shows
+// prev's member record and holdings gone in one batch at one position,
+// then the member record of the new session, and nothing in between.
+func TestBackendBeginFromPrevEndsPrevInOneBatch(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	g, a, sa, w := pairOf(t, "da")
+	held := slices.Concat(namesIn(g, 0, 2), namesIn(g, 1, 1))
+	if got, _, err := a.claim(ctx, sa.id, held); err != nil || len(got) != len(held) {
+		t.Fatalf("claim of %v = %+v, %v", held, got, err)
+	}
+	f, from := watchFrom(t, w)
+	s2, err := a.begin(ctx, sa.id, testD, "da")
+	if err != nil {
+		t.Fatalf("begin from prev: %v", err)
+	}
+	defer func() { _ = a.end(ctx, s2.id) }()
+	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "prev", s2.id: "next"}, 5*testD, func(lines []string) bool {
+		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "member r0 of next")
+	})
+	sameLines(t, "the feed, a line per position", rec.lines,
+		endLine("r0", held),
+		"member r0 of next digest=da leaving=false")
+}
