@@ -5,6 +5,7 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -77,6 +78,22 @@ func TestBackendEndComesInOneBatchAtOnce(t *testing.T) {
 	}
 }
 
+// claimedBesideAWatcher begins a session of a and has it claim held,
+// then begins r1 beside it, renewing until the test ends and watching
+// the group from a listing (watchFrom): the replica that sees a's end.
+func claimedBesideAWatcher(t *testing.T, a *kubeBackend, held []string) (sa seamSession, b *kubeBackend, sb seamSession, f feed, from int64) {
+	t.Helper()
+	sa = beginOn(t, a)
+	if got, _, err := a.claim(t.Context(), sa.id, held); err != nil || len(got) != len(held) {
+		t.Fatalf("claim of %v = %+v, %v", held, got, err)
+	}
+	b, sb = begunIn(t, a.g, "r1", "db")
+	keepRenewing(t, b, sb)
+	t.Cleanup(func() { _ = b.end(context.Background(), sb.id) })
+	f, from = watchFrom(t, b)
+	return sa, b, sb, f, from
+}
+
 // refusing fails, without sending it, every request that refuse
 // matches, as a connection that drops before the request leaves would.
 type refusing struct {
@@ -112,15 +129,8 @@ func TestBackendEndMarkFreesTheNamesAtOnce(t *testing.T) {
 	})
 	ctx, g := t.Context(), a.g
 	bucketPrefix, memberPrefix = "/leases/"+g.name+bucketInfix, "/leases/"+g.name+memberInfix
-	sa := beginOn(t, a)
 	held := slices.Concat(namesIn(g, 0, 2), namesIn(g, 1, 1))
-	if got, _, err := a.claim(ctx, sa.id, held); err != nil || len(got) != len(held) {
-		t.Fatalf("claim of %v = %+v, %v", held, got, err)
-	}
-	b, sb := begunIn(t, g, "r1", "db")
-	keepRenewing(t, b, sb)
-	defer func() { _ = b.end(ctx, sb.id) }()
-	f, from := watchFrom(t, b)
+	sa, b, sb, f, from := claimedBesideAWatcher(t, a, held)
 
 	sent := time.Now()
 	if ok, err := a.putMember(ctx, sa.id, "digest", true); !ok || err != nil {
@@ -185,4 +195,36 @@ func TestBackendBeginFromPrevEndsPrevInOneBatch(t *testing.T) {
 	sameLines(t, "the feed, a line per position", rec.lines,
 		endLine("r0", held),
 		"member r0 of next digest=da leaving=false")
+}
+
+// An end whose mark the server applied while its client gave up on it
+// answers an error, and the session stays as it was to its holder; but
+// the others take the mark as the end all the same, at once, and the
+// holder's next end finds its session ended: its write names a version
+// the mark replaced.
+func TestBackendEndMarkLandedUnansweredEndsTheSession(t *testing.T) {
+	late := &lateRenewals{sent: make(chan time.Time, 1), answered: make(chan error, 1)}
+	a := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { late.rt = rt; return late })
+	ctx, g := t.Context(), a.g
+	held := namesIn(g, 0, 2)
+	sa, _, sb, f, from := claimedBesideAWatcher(t, a, held)
+	late.armed.Store(true)
+	ended := time.Now()
+	if err := a.end(ctx, sa.id); err == nil || errors.Is(err, errSessionEnded) {
+		t.Errorf("end whose mark was not answered: %v; want a transient error", err)
+	}
+	<-late.sent
+	if err := <-late.answered; err != nil {
+		t.Fatalf("the mark, applied late: %v", err)
+	}
+	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "r0", sb.id: "r1"}, 5*testD, func(lines []string) bool {
+		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "gone r0")
+	})
+	sameLines(t, "the feed, a line per position", rec.lines, endLine("r0", held))
+	if end := rec.when[len(rec.when)-1]; !end.Before(ended.Add(testD)) {
+		t.Errorf("r0's end came %v after its end was sent: not at once", end.Sub(ended))
+	}
+	if err := a.end(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("end again: %v, want errSessionEnded", err)
+	}
 }
