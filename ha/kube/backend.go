@@ -207,14 +207,16 @@ func (b *kubeBackend) request(parent context.Context) (context.Context, context.
 }
 
 // begin creates this replica's member Lease, carrying digest, for a new
-// session (group.beginWith). If prev is a live session of this backend,
-// its entries are removed (removeEntries) and its Lease deleted first
-// (guarded by its own last write, so only while it is still prev's): the
-// record moves to the new session, and prev's holdings go with prev at
-// once, as end's would (the caller begins from prev only once every
-// controller of prev terminated, and its end of prev that follows
-// answers errSessionEnded); a delete that fails otherwise (a timeout)
-// fails begin and keeps prev, for the next begin from it. A
+// session (group.beginWith). If prev is a session of this backend not
+// yet deleted, it is ended first as end ends one: its end mark written
+// (session.markEnded), its entries removed (removeEntries), its Lease
+// deleted (each guarded by its own last write, so only while it is
+// still prev's): the record moves to the new session, and prev's
+// holdings go with prev at once, in one batch of every feed (the caller
+// begins from prev only once every controller of prev terminated, and
+// its end of prev that follows answers errSessionEnded); a mark or
+// delete that fails otherwise (a timeout) fails begin and keeps prev,
+// for the next begin from it. A
 // member Lease of another session, or of prev no longer known here,
 // refuses begin with errDuplicateSession, unless this replica's observer
 // proves it ended: a Lease it finds is stamped, and one found unchanged
@@ -227,11 +229,16 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 	if ttl > b.g.duration {
 		return seamSession{}, fmt.Errorf("kube: a session of %v asked for, longer than the group's lease duration %v", ttl, b.g.duration)
 	}
-	if p := b.live(prev); p != nil {
-		b.removeEntries(ctx, prev, p)
+	if p := b.unfinished(prev); p != nil {
 		rctx, cancel := b.request(ctx)
-		err := p.end(rctx)
+		err := p.markEnded(rctx)
 		cancel()
+		if err == nil {
+			b.removeEntries(ctx, prev, p)
+			rctx, cancel := b.request(ctx)
+			err = p.end(rctx)
+			cancel()
+		}
 		if err != nil && !errors.Is(err, errSessionLost) {
 			// prev is kept: the next begin from it deletes its Lease
 			// at once, rather than wait D to prove it ended.
@@ -266,7 +273,9 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 // proveMemberEnded reads this replica's member Lease, has the observer
 // stamp it, and has it prove the session ended if that stamp is due
 // (observer.expire). It answers whether the Lease's session is now
-// ended, or the Lease gone.
+// ended, or the Lease gone. A Lease that carries its own session's end
+// mark (an end whose delete failed) is deleted on condition of that
+// version.
 func (b *kubeBackend) proveMemberEnded(ctx context.Context) (bool, error) {
 	rctx, cancel := b.request(ctx)
 	defer cancel()
@@ -279,6 +288,16 @@ func (b *kubeBackend) proveMemberEnded(ctx context.Context) (bool, error) {
 	}
 	identity := holder(l)
 	b.o.see(l, time.Now())
+	if endMarked(l) {
+		// Its session ended, and said so; its Lease was left (end's
+		// delete failed): deleted on condition of that version.
+		uid, rv := l.UID, l.ResourceVersion
+		err := b.g.leases.Delete(rctx, l.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("kube: deleting %s, which its session marked ended: %w", l.Name, err)
+		}
+		return true, nil
+	}
 	return b.o.expire(rctx, identity)
 }
 
@@ -289,6 +308,24 @@ func (b *kubeBackend) live(id sessionID) *session {
 	s := b.sessions[id]
 	b.mu.Unlock()
 	if s == nil || s.stateErr() != nil {
+		return nil
+	}
+	return s
+}
+
+// unfinished returns session id if it is one of this backend's that is
+// live, or marked ended with its Lease not yet deleted (sessionEnding),
+// else nil.
+func (b *kubeBackend) unfinished(id sessionID) *session {
+	b.mu.Lock()
+	s := b.sessions[id]
+	b.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != sessionLive && s.state != sessionEnding {
 		return nil
 	}
 	return s
@@ -335,34 +372,49 @@ func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 	return b.g.duration, nil
 }
 
-// end removes session id's entries from every bucket it wrote them into
-// (removeEntries; best effort: on an error it goes on; an entry left
-// names a session whose Lease is gone, which the others take once their
-// observers count it ended), withdraws its published sets, then deletes
-// its member Lease (session.end). Entries of names handed over to the
-// session by others, which it never wrote, are removed if the feed
-// brought their bucket.
+// end ends session id in one change every other replica sees: it
+// writes the session's end into its member Lease (session.markEnded),
+// and every observer takes that version as the session's end at once
+// and its feed delivers the member record, every holding and every
+// chunk of the session gone in one batch at that version's position.
+// Then, best effort, it removes the session's entries from every bucket
+// it wrote them into or the feed showed it in (removeEntries),
+// withdraws its published sets and deletes its member Lease
+// (session.end): for the others none of it changes anything, the
+// session being out of their view already; what fails is left (an
+// entry of an ended session is free to all, and the member's next
+// begin deletes a Lease left marked). So end answers nil once the mark
+// is written; an error before it leaves the session as it was, and a
+// mark lost to a timeout that landed makes the next end errSessionEnded.
+// The caller ends a session only once nothing runs under it.
 func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
-	s := b.live(id)
+	s := b.unfinished(id)
 	if s == nil {
 		return b.ended(id)
+	}
+	if err := s.markEnded(ctx); err != nil {
+		if errors.Is(err, errSessionLost) {
+			return b.ended(id)
+		}
+		return err
 	}
 	b.removeEntries(ctx, id, s)
 	if err := b.withdraw(ctx, publisherLabel+"="+memberHash(b.id)); err != nil {
 		b.log.Debug(fmt.Sprintf("kube: withdrawing the sets of %s: %v", s.identity, err))
 	}
-	err := s.end(ctx)
-	b.forget(id)
-	if errors.Is(err, errSessionLost) {
-		return fmt.Errorf("%w: %w", errSessionEnded, err)
+	if err := s.end(ctx); err != nil {
+		b.log.Debug(fmt.Sprintf("kube: deleting the member Lease of %s, which ended: %v", s.identity, err))
 	}
-	return err
+	b.forget(id)
+	return nil
 }
 
 // removeEntries removes session s's entries (id its sessionID) from
 // every bucket it wrote them into, and from every bucket the feed showed
 // it in, each write bounded as request's are and by ctx; best effort: a
-// bucket that fails is logged at Debug and left.
+// bucket that fails is logged at Debug and left. s is marked ended
+// (session.markEnded): its writes remove its own entries alone, and
+// need no live session.
 func (b *kubeBackend) removeEntries(ctx context.Context, id sessionID, s *session) {
 	b.mu.Lock()
 	var buckets []int
@@ -390,7 +442,7 @@ func (b *kubeBackend) removeEntries(ctx context.Context, id sessionID, s *sessio
 			return
 		}
 		rctx, cancel := b.request(ctx)
-		res, err := b.g.change(rctx, b.o, i, claimChange{release: names}, s.writer(), from)
+		res, err := b.g.change(rctx, b.o, i, claimChange{release: names}, writer{identity: s.identity}, from)
 		cancel()
 		if err != nil {
 			b.log.Debug(fmt.Sprintf("kube: removing the entries of %s from bucket %d: %v", s.identity, i, err))
@@ -509,6 +561,40 @@ func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 // and a few for its session's index and token.
 func (b *kubeBackend) claimCost(name string) int { return len(name) + 8 }
 
+// errTooLarge is wrapped by claim's error when a bucket cannot take its
+// part of the names (errClaimsTooLarge), as ha's errTooLarge is: the
+// same names in smaller batches may pass.
+var errTooLarge = errors.New("kube: a bucket Lease cannot take that many names at once")
+
+// The batches kubeBackend would declare to ha's shared part, which hands
+// claim at most claimBatchNames names of at most claimBatchBytes bytes
+// (claimCost) per call: a call costs one guarded write per bucket its
+// names fall in, at most the group's B (256 unless set), plus a retry
+// per conflict and a read per bucket whose version the backend has not
+// seen, however many names it carries
+// (TestBackendClaimCostsOneWritePerBucket). So a batch is as large as
+// the buckets' room allows: etcd's 128 names a call would touch a
+// hundred buckets each, a write for nearly every name. The room is a
+// bucket's claims as a whole (maxClaimsBytes: 224 KiB, deflated and in
+// base64, of the 256 KiB an object's annotations may hold), and a
+// call's names spread over the buckets by their hash: 1 MiB puts about
+// 4 KiB in each of 256 buckets, a fiftieth of its room; in a group of
+// fewer buckets, 4 KiB a bucket. The count bounds one call's work (its
+// decoding, its answer). A bucket that would overflow all the same
+// fails the call with errTooLarge, and the caller halves the batch.
+const (
+	claimBatchNames        = 20000
+	claimBatchBytes        = 1 << 20
+	claimBatchBytesABucket = 4 << 10
+)
+
+// claimBatch returns the most names and bytes (claimCost) one claim of
+// the group takes: claimBatchNames, and claimBatchBytes or
+// claimBatchBytesABucket per bucket if less.
+func (g *group) claimBatch() (names, bytes int) {
+	return claimBatchNames, min(claimBatchBytes, g.buckets*claimBatchBytesABucket)
+}
+
 // claim makes session id the holder of names: one change per bucket the
 // names fall in (claimWorkers at a time), each starting from the version
 // of the bucket the backend last saw (the feed's, or its own last
@@ -572,8 +658,11 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 		}
 	})
 	if err := errors.Join(errs...); err != nil {
-		if errors.Is(err, errSessionLost) || errors.Is(err, errSessionEnded) {
+		switch {
+		case errors.Is(err, errSessionLost) || errors.Is(err, errSessionEnded):
 			return nil, nil, fmt.Errorf("%w: %w", errSessionEnded, err)
+		case errors.Is(err, errClaimsTooLarge):
+			return nil, nil, fmt.Errorf("%w: %w", errTooLarge, err)
 		}
 		return nil, nil, err
 	}

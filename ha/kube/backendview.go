@@ -351,14 +351,15 @@ func (b *kubeBackend) list(ctx context.Context) ([]seamChange, int64, error) {
 
 // learnListed has the observer learn the sessions of v, a listing
 // received at the monotonic time at, that it knows nothing of: one whose
-// member Lease the listing holds is stamped, as a read's; one named only
+// member Lease the listing holds is stamped, as a read's (and one whose
+// Lease carries its end mark is seen, known or not: it ended); one named only
 // by a bucket, or whose ID's member Lease is of another incarnation,
 // counts as ended D after at (observer.absent): the bucket's entry was
 // written while the session's Lease existed, and the listing, a quorum
 // read of the same resourceVersion, finds it gone.
 func (b *kubeBackend) learnListed(v *groupView, at time.Time) {
 	for _, l := range v.members {
-		if !b.o.knows(holder(l)) {
+		if !b.o.knows(holder(l)) || endMarked(l) {
 			b.o.see(l, at)
 		}
 	}

@@ -38,6 +38,14 @@ func mustBeginAs(t *testing.T, b *kubeBackend, digest string) seamSession {
 	return s
 }
 
+// begunIn returns the backend of member id in g, on clients of its own,
+// and its session begun with digest.
+func begunIn(t *testing.T, g *group, id, digest string) (*kubeBackend, seamSession) {
+	t.Helper()
+	b := replicaBackend(t, g, id)
+	return b, mustBeginAs(t, b, digest)
+}
+
 // pairOf returns a group of its own, the backend of r0 with a session
 // begun with digest, and the backend of r1, with none.
 func pairOf(t *testing.T, digest string) (*group, *kubeBackend, seamSession, *kubeBackend) {

@@ -93,8 +93,7 @@ func TestBackendFeedShowsClaimsAHandOverAReleaseAndAnEnd(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	g, a, sa, w := pairOf(t, "da")
-	x := replicaBackend(t, g, "r2")
-	sx := mustBeginAs(t, x, "dx")
+	x, sx := begunIn(t, g, "r2", "dx")
 	stop := renewing(a.live(sa.id))
 	defer stop()
 	z, u := namesIn(g, 1, 1)[0], namesIn(g, 2, 1)[0]

@@ -8,6 +8,7 @@ package kube
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"flag"
 	"fmt"
 	"hash/fnv"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -219,4 +221,84 @@ func countNames(by map[int][]string) int {
 		total += len(names)
 	}
 	return total
+}
+
+// One claim of the largest batch kubeBackend declares (group.claimBatch:
+// 20,000 names) costs one guarded write per bucket its names fall in,
+// and one quorum read for each bucket whose version the backend had not
+// seen: all 256 buckets here, not one request per name. Every name is
+// the session's.
+func TestBackendClaimCostsOneWritePerBucket(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, defaultBuckets, nil)
+	var writes, reads atomic.Int64
+	cfg := replicaConfig(c, nil)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		prefix := "/leases/" + g.name + bucketInfix
+		return bucketReads{rt: rt, prefix: prefix, n: &reads, writes: &writes}
+	}
+	b := backendOn(t, c, g, "r0", cfg)
+	s := beginOn(t, b)
+	keepRenewing(t, b, s)
+	most, bytes := g.claimBatch()
+	names := make([]string, most)
+	touched := map[int]bool{}
+	for i := range names {
+		names[i] = fmt.Sprintf("controller-%05d", i)
+		touched[bucketOf(names[i], g.buckets)] = true
+		bytes -= b.claimCost(names[i])
+	}
+	if bytes < 0 {
+		t.Fatalf("%d names take %d bytes more than the batch declared", most, -bytes)
+	}
+	writes.Store(0) // the member Lease's create
+	got, _, err := b.claim(t.Context(), s.id, names)
+	if err != nil {
+		t.Fatalf("claim of %d names: %v", len(names), err)
+	}
+	ours := 0
+	for _, c := range got {
+		if c.ok {
+			ours++
+		}
+	}
+	if ours != len(names) {
+		t.Errorf("the claim got %d of %d names", ours, len(names))
+	}
+	if w, r := writes.Load(), reads.Load(); w != int64(len(touched)) || r != int64(len(touched)) {
+		t.Errorf("the claim of %d names in %d buckets wrote %d times and read %d buckets; want one write and one read per bucket", len(names), len(touched), w, r)
+	}
+}
+
+// A claim whose names would overflow a bucket's annotation
+// (maxClaimsBytes) fails with errTooLarge and writes nothing, so that
+// ha's shared part halves the batch; half of it fits, and is claimed.
+func TestBackendClaimTooLargeForABucket(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	b := backendOn(t, c, g, "r0", replicaConfig(c, nil))
+	s := beginOn(t, b)
+	defer func() { _ = b.end(context.Background(), s.id) }()
+	var names []string // names of bucket 0 that barely compress: 300 KB
+	for len(names) < 1500 {
+		n := ""
+		for len(n) < 200 {
+			n += rand.Text()
+		}
+		if n = n[:200]; bucketOf(n, g.buckets) == 0 {
+			names = append(names, n)
+		}
+	}
+	if got, _, err := b.claim(t.Context(), s.id, names); !errors.Is(err, errTooLarge) {
+		t.Fatalf("claim of %d names of 200 bytes in one bucket = %d answers, %v; want errTooLarge", len(names), len(got), err)
+	}
+	if _, err := c.admin.CoordinationV1().Leases(replicaNamespace).Get(t.Context(), g.bucketName(0), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after the refused claim, reading its bucket: %v; want it absent, never written", err)
+	}
+	half := names[:len(names)/2]
+	if got, _, err := b.claim(t.Context(), s.id, half); err != nil || len(got) != len(half) {
+		t.Errorf("claim of half of them = %d answers, %v; want all %d", len(got), err, len(half))
+	}
 }

@@ -9,17 +9,18 @@
 // a client and rate limiter of its own (session.go, clients.go);
 // observers that prove a silent session ended by a delete guarded by the
 // version they saw unchanged for the lease duration on their own clock,
-// and that count a deletion they did not make as an end only D after a
-// time they know to follow the session's last renewal (observe.go);
-// claims of names as entries in a fixed set of bucket Leases, never
-// deleted, changed by one update guarded by the resourceVersion read,
-// their leaseTransitions a token that only grows per name (claims.go,
-// claimwrite.go); and a feed of the group's Leases in commit order that
-// lists again when its watch expires (feed.go). The safety argument is
-// written where their states are declared. Made of them, kubeBackend
-// (backend.go, backendfeed.go, backendview.go, backendsets.go,
-// backendwatch.go, takeover.go) answers the calls of ha's
-// backend interface, under the same names, and is held to ha's
+// that count a deletion they did not make as an end only D after a
+// time they know to follow the session's last renewal, and that take a
+// version of the Lease in which its session wrote its own end as that
+// end at once (observe.go); claims of names as entries in a fixed set
+// of bucket Leases, never deleted, changed by one update guarded by the
+// resourceVersion read, their leaseTransitions a token that only grows
+// per name (claims.go, claimwrite.go); and a feed of the group's Leases
+// in commit order that lists again when its watch expires (feed.go). The
+// safety argument is written where their states are declared. Made of
+// them, kubeBackend (backend.go, backendfeed.go, backendview.go,
+// backendsets.go, backendwatch.go, takeover.go) answers the calls of
+// ha's backend interface, under the same names, and is held to ha's
 // conformance cases on the real API server (backend_test.go).
 //
 // Beneath them lies the ground the backend stands on, tested against a

@@ -5,8 +5,11 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -226,14 +229,18 @@ func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
 // A replica paused past its session's proven end, whose names another
 // replica took meanwhile, wakes, ends its session and releases a
 // holding of it: neither touches the newer holding of the name, which is
-// at a later position; its end removes what is still its own and
-// answers errSessionEnded.
+// at a later position. Its end answers errSessionEnded and writes
+// nothing: its entries left are free to the others, whose observers
+// count the session ended (an end's removal could otherwise reach an
+// observer that does not yet, as several deletions at one position,
+// which ha reads as the session's end).
 func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
 	st, a, sa, names, got := pausedHolder(t, c, 2, 0)
 	x, y := names[0], names[1]
 	old := Claim{Key: x, Revision: kubeClaimedBy(got)[x].rev}
+	identity := a.live(sa.id).identity
 	// r1 takes x.
 	b, sb := kubeBegin(t, st, "r1")
 	keepRenewing(t, b, sb)
@@ -259,8 +266,11 @@ func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	if e, ok := claims[x]; !ok || e.session != b.live(sb.id).identity || e.token != taken.token {
 		t.Errorf("after r0's late release and end, %s is %+v (held %v); want r1's holding, token %d", x, e, ok, taken.token)
 	}
-	if e, ok := claims[y]; ok {
-		t.Errorf("after r0's late end, %s is still held: %+v", y, e)
+	if e := claims[y]; e.session != identity {
+		t.Errorf("after r0's late end, %s is %+v; want r0's entry left as it was", y, e)
+	}
+	if got, _, err := b.claim(t.Context(), sb.id, []string{y}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Errorf("r1's claim of %s, left by r0's ended session = %+v, %v; want r1's", y, got, err)
 	}
 }
 
@@ -296,4 +306,88 @@ func TestReviewBeginFromPrevKeepsPrevOnATransientError(t *testing.T) {
 		t.Fatalf("begin from prev again, at once: %v", err)
 	}
 	_ = b.end(t.Context(), s2.id)
+}
+
+// lateRenewals makes the next renewal (a PUT of a member Lease), once
+// armed, fail at once on the client, as a request its client gave up
+// on, and reach the server delay later all the same: sent receives the
+// time it went out, answered its outcome.
+type lateRenewals struct {
+	rt       http.RoundTripper
+	delay    time.Duration
+	armed    atomic.Bool
+	sent     chan time.Time // buffered: one
+	answered chan error     // buffered: one
+}
+
+// RoundTrip sends req, unless it is the renewal armed for: that one is
+// sent delay later by a goroutine of its own, which the test joins by
+// receiving its answer.
+func (l *lateRenewals) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method != http.MethodPut || !strings.Contains(req.URL.Path, memberInfix) || !l.armed.CompareAndSwap(true, false) {
+		return l.rt.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	later := req.Clone(context.Background())
+	later.Body = io.NopCloser(bytes.NewReader(body))
+	go func() { // joined by the test, through answered
+		time.Sleep(l.delay)
+		l.sent <- time.Now()
+		resp, err := l.rt.RoundTrip(later)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("answered %s", resp.Status)
+			}
+		}
+		l.answered <- err
+	}()
+	return nil, errors.New("the client gave up on the request")
+}
+
+// A renewal that the server applies after its client gave up on it
+// counts for nothing to the holder, whose fence counts from its last
+// answered renewal; to an observer it is a version of the member Lease
+// like any other, stamped when its feed brings it, after its commit. So
+// the observer shows the session's end no earlier than D after the late
+// renewal went out, after the holder's validity ended; and the holder's
+// next renewal is refused, its session ended.
+func TestReviewLateRenewalCountsFromItsCommit(t *testing.T) {
+	late := &lateRenewals{delay: testD / 2, sent: make(chan time.Time, 1), answered: make(chan error, 1)}
+	a := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { late.rt = rt; return late })
+	ctx := t.Context()
+	sa := beginOn(t, a)
+	w := replicaBackend(t, a.g, "r1")
+	f, from := watchFrom(t, w)
+	if _, err := a.renew(ctx, sa.id); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	s := a.live(sa.id)
+	late.armed.Store(true)
+	if _, err := a.renew(ctx, sa.id); err == nil || errors.Is(err, errSessionEnded) {
+		t.Fatalf("the renewal given up on: %v; want a transient error", err)
+	}
+	sent := <-late.sent
+	if err := <-late.answered; err != nil {
+		t.Fatalf("the late renewal: %v", err)
+	}
+	s.mu.Lock()
+	valid := s.valid
+	s.mu.Unlock()
+	if !valid.Before(sent.Add(testD)) {
+		t.Fatalf("the holder's validity %v after the late renewal went out; want it counted from its last answered renewal", valid.Sub(sent))
+	}
+	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "r0"}, 5*testD, func(lines []string) bool {
+		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "gone r0")
+	})
+	sameLines(t, "the feed", rec.lines, "gone r0")
+	if end := rec.when[len(rec.when)-1]; end.Before(sent.Add(testD)) {
+		t.Errorf("r0's end came %v after its late renewal went out: before D", end.Sub(sent))
+	}
+	if _, err := a.renew(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("renew after the late renewal and the end: %v, want errSessionEnded", err)
+	}
 }

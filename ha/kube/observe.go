@@ -2,8 +2,10 @@
 // proven ended only by what this replica itself saw: a delete of its
 // member Lease that this observer made after seeing it unchanged for its
 // duration on its own clock, guarded so that it fails if the holder
-// renewed meanwhile; or the Lease found gone (or of another incarnation),
-// and the holder's fence shown past by this observer's clock since.
+// renewed meanwhile; a version of the Lease in which its session wrote
+// its own end (session.markEnded); or the Lease found gone (or of
+// another incarnation), and the holder's fence shown past by this
+// observer's clock since.
 
 package kube
 
@@ -45,7 +47,7 @@ func (st stamp) due() time.Time { return st.seen.Add(st.duration) }
 // own guarded delete proved it, or the session counts as ended from
 // since + duration on the observer's clock.
 type endSign struct {
-	proven   bool          // this observer's guarded delete of the session's Lease succeeded
+	proven   bool          // this observer's guarded delete of the session's Lease succeeded, or it saw the session's own end mark (endMarked)
 	since    time.Time     // monotonic: a time after the commit of the session's last renewal (see observer)
 	duration time.Duration // D: the widest the observer had seen in the group (observer.widest) when it recorded the end, and at least its stamp's
 }
@@ -129,6 +131,19 @@ type endSign struct {
 // counts from its stamp once its feed brings the deletion, not D from
 // its read (TestReviewDeleteRaceLoserDoesNotWaitAnotherD).
 //
+// # A session's own end (DESIGN.md, rule 9)
+//
+// A session that ends gracefully first writes its end into its member
+// Lease (endedAnnotation, naming itself), by a write guarded as its
+// renewals are, once nothing runs under it any more. The holder says it
+// itself, so no clock needs to pass: the observer takes the session as
+// proven ended as soon as it sees that version, from the feed or a read,
+// and its feed delivers the session's records gone in one batch at that
+// version's position. A renewal cannot follow the mark (the session
+// writes nothing after it but its delete, and a renewal in flight with
+// an older precondition is refused), and no one else writes it: a holder
+// that still renews is never taken for ended by it.
+//
 // # Which D
 //
 // Every stamp and every end counts the largest D the observer has seen
@@ -144,6 +159,7 @@ type endSign struct {
 //
 //	unknown ──see (a version of its Lease)──▶ present (stamp; restamped by every new version)
 //	present ──this observer's guarded delete succeeded──▶ proven
+//	any ──a version of its Lease that carries its own end mark (endMarked)──▶ proven
 //	present (fed) ──the feed's Deleted event, or its listing without it──▶ ending (since = the stamp, or the listing's receipt)
 //	present, unknown ──absent or another incarnation, by a read after it existed──▶ ending (since = receipt)
 //	ending ──an earlier safe since──▶ ending (the earlier)
@@ -214,7 +230,9 @@ func (o *observer) sessionOf(l *coordinationv1.Lease) (string, bool) {
 	return identity, true
 }
 
-// seeLocked is see; fed says the feed brought l. A version that differs from
+// seeLocked is see; fed says the feed brought l. A version that carries
+// its session's own end mark (endMarked) proves the session ended, read
+// or fed, whatever the observer knew of it. A version that differs from
 // the stamped one is stamped at at, or at the earlier stamp's time if
 // that is later: a read answered at at may take the lock after the feed
 // stamped a later version, and a stamp moved back in time would count D
@@ -225,6 +243,13 @@ func (o *observer) seeLocked(l *coordinationv1.Lease, at time.Time, fed bool) {
 		return
 	}
 	o.widenLocked(l)
+	if endMarked(l) {
+		// The session's own end (session.markEnded): written only once
+		// nothing runs under it, and never followed by a renewal.
+		delete(o.stamps, id)
+		o.ends[id] = endSign{proven: true}
+		return
+	}
 	if e, over := o.ends[id]; over && (e.proven || !fed) {
 		return
 	}

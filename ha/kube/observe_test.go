@@ -22,10 +22,19 @@ func memberLease(g *group, identity, uid, rv string) *coordinationv1.Lease {
 	}
 }
 
+// endedLease is memberLease for identity, UID u1, carrying the end mark
+// of session said (endedAnnotation).
+func endedLease(g *group, identity, said, rv string) *coordinationv1.Lease {
+	l := memberLease(g, identity, "u1", rv)
+	l.Annotations = map[string]string{endedAnnotation: said}
+	return l
+}
+
 // Each kind of evidence, with times set in the past so that nothing
 // waits (D = 2 s): a session is ended when D has passed since a time
 // known to follow its last renewal, or at once after the observer's own
-// guarded delete; evidence that may be out of order ends nothing.
+// guarded delete or its session's own end mark; evidence that may be
+// out of order ends nothing.
 func TestObserverEndsOnItsOwnEvidenceOnly(t *testing.T) {
 	g, err := newGroup(nil, nil, "g", 4, 2*time.Second)
 	if err != nil {
@@ -109,6 +118,15 @@ func TestObserverEndsOnItsOwnEvidenceOnly(t *testing.T) {
 			o.observe(change{kind: changePut, lease: short, at: ago(1500 * time.Millisecond)})
 			o.observe(change{kind: changeDelete, lease: memberLease(g, x, "u1", "7"), at: now})
 		}, map[string]bool{x: false}},
+		{"its own end mark, fed or read: at once, and a version after it revives nothing", func(o *observer) {
+			o.observe(change{kind: changePut, lease: endedLease(g, x, x, "6"), at: now})
+			o.see(endedLease(g, y, y, "7"), now)
+			o.observe(change{kind: changePut, lease: memberLease(g, x, "u1", "8"), at: now})
+		}, map[string]bool{x: true, y: true}},
+		{"an end mark naming another session than the Lease's holder: ends nothing", func(o *observer) {
+			o.observe(change{kind: changePut, lease: endedLease(g, x, y, "6"), at: now})
+			o.see(endedLease(g, y, x, "7"), now)
+		}, map[string]bool{x: false, y: false}},
 		{"never seen, never read: not ended", func(o *observer) {}, map[string]bool{x: false}},
 	} {
 		t.Run(tc.what, func(t *testing.T) {

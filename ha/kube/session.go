@@ -185,11 +185,17 @@ func identityID(identity string) (string, bool) {
 
 // sessionState is where a session is in its life.
 //
-//	sessionLive ──renew answered 404 or 409, or end answered either──▶ sessionLost
-//	     │
-//	     └──────────────end succeeded─────────────────────────────────▶ sessionEnded
+//	sessionLive ──renew or end answered 404 or 409─────────────────▶ sessionLost
+//	     │                                                              ▲
+//	     ├──markEnded succeeded──▶ sessionEnding ──end answered either──┘
+//	     │                              │
+//	     │                              └──end succeeded──▶ sessionEnded
+//	     └──end succeeded─────────────────────────────────▶ sessionEnded
 //
-// Both ends are final: a session never comes back. A replica that lost
+// Lost and ended are final: a session never comes back. Ending is the
+// session's end written (endedAnnotation), its Lease not yet deleted:
+// it writes nothing more to its Lease but end's delete, so that a
+// renewal can never lift the mark. A replica that lost
 // its session begins a new one, with a new identity, which the server
 // accepts once the old member Lease is gone. A renewal that fails otherwise (a
 // timeout, the server unavailable) leaves the session live: its validity
@@ -199,8 +205,26 @@ type sessionState int
 const (
 	sessionLive sessionState = iota
 	sessionLost
+	sessionEnding
 	sessionEnded
 )
+
+// endedAnnotation is the annotation of a member Lease by which its own
+// session says it ended (session.markEnded); its value is the session's
+// identity. Every observer takes a Lease that carries it, with its
+// holder's identity, as its session's end at once (observer.seeLocked):
+// only the session's own end writes it, once nothing runs under the
+// session any more (ha ends a session only after its controllers
+// stopped), and the session writes its Lease no more after it but to
+// delete it (sessionEnding).
+const endedAnnotation = "ha.bgctl.dev/ended"
+
+// endMarked reports whether member Lease l carries its own session's
+// end (endedAnnotation naming its holder).
+func endMarked(l *coordinationv1.Lease) bool {
+	v, ok := l.Annotations[endedAnnotation]
+	return ok && v != "" && v == holder(l)
+}
 
 // session is one membership session: the member Lease <group>-m-<ID>,
 // holderIdentity the session's identity, leaseDurationSeconds D.
@@ -351,6 +375,11 @@ func (s *session) renew(ctx context.Context) (validUntil time.Time, err error) {
 func (s *session) update(ctx context.Context, edit func(*coordinationv1.Lease)) (validUntil time.Time, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.updateLocked(ctx, edit)
+}
+
+// updateLocked is update, s.mu held.
+func (s *session) updateLocked(ctx context.Context, edit func(*coordinationv1.Lease)) (validUntil time.Time, err error) {
 	if err := s.stateErrLocked(); err != nil {
 		return time.Time{}, err
 	}
@@ -380,21 +409,51 @@ func (s *session) update(ctx context.Context, edit func(*coordinationv1.Lease)) 
 	return s.valid, nil
 }
 
+// markEnded writes the session's end into its member Lease
+// (endedAnnotation), by an update guarded by the session's last write,
+// as a renewal is: a 404 or 409 is errSessionLost. Once it succeeded
+// the session is ending: every observer takes it as ended as soon as it
+// sees that version, and the session writes nothing more to its Lease
+// but end's delete. A mark whose answer was lost (a timeout) may have
+// landed: the session's next write is then refused (409), and the
+// session is lost. The caller marks a session only once nothing runs
+// under it any more. A session ending already answers nil.
+func (s *session) markEnded(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == sessionEnding {
+		return nil
+	}
+	if _, err := s.updateLocked(ctx, func(l *coordinationv1.Lease) {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[endedAnnotation] = s.identity
+	}); err != nil {
+		return err
+	}
+	s.state = sessionEnding
+	return nil
+}
+
 // end deletes the member Lease on condition of its UID and the
 // resourceVersion of the session's last write. The caller has stopped
-// everything the session's names run and removed its entries from the
-// buckets first (DESIGN.md, rule 9): names it still held are taken by
-// others only D after their observers last saw the Lease, as a deletion
-// they did not make proves nothing to them (observe.go). A refused
-// delete means the session was lost already (errSessionLost).
+// everything the session's names run first. Marked ended before
+// (markEnded), the session was ended for every observer by the mark;
+// otherwise names it still held are taken by others only D after their
+// observers last saw the Lease, as a deletion they did not make proves
+// nothing to them (observe.go). A refused delete means the session was
+// lost already (errSessionLost).
 func (s *session) end(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.stateErrLocked(); err != nil {
-		if errors.Is(err, errSessionEnded) {
-			return nil
+	if s.state != sessionEnding {
+		if err := s.stateErrLocked(); err != nil {
+			if errors.Is(err, errSessionEnded) {
+				return nil
+			}
+			return err
 		}
-		return err
 	}
 	uid, rv := s.lease.UID, s.lease.ResourceVersion
 	err := s.g.renewals.Delete(ctx, s.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
@@ -410,8 +469,8 @@ func (s *session) end(ctx context.Context) error {
 }
 
 // stateErr returns nil while the session has neither been lost nor
-// ended, as far as its own writes know, else errSessionLost or
-// errSessionEnded.
+// ended nor marked ended, as far as its own writes know, else
+// errSessionLost or errSessionEnded.
 func (s *session) stateErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -423,6 +482,8 @@ func (s *session) stateErrLocked() error {
 	switch s.state {
 	case sessionLost:
 		return fmt.Errorf("%w: %s", errSessionLost, s.name)
+	case sessionEnding:
+		return fmt.Errorf("%w: %s (its end is written)", errSessionEnded, s.name)
 	case sessionEnded:
 		return fmt.Errorf("%w: %s", errSessionEnded, s.name)
 	}

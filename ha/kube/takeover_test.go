@@ -18,17 +18,23 @@ import (
 )
 
 // bucketReads counts the GETs of one group's bucket Leases a client
-// sends.
+// sends, and in writes, if not nil, its updates and deletes of them and
+// every create it sends (a create names its Lease in its body alone).
 type bucketReads struct {
 	rt     http.RoundTripper
 	prefix string // "/leases/<group>-b-"
 	n      *atomic.Int64
+	writes *atomic.Int64
 }
 
-// RoundTrip counts req if it reads a bucket, and sends it.
+// RoundTrip counts req if it reads or writes a bucket, and sends it.
 func (r bucketReads) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Method == http.MethodGet && strings.Contains(req.URL.Path, r.prefix) {
+	bucket := strings.Contains(req.URL.Path, r.prefix)
+	switch {
+	case bucket && req.Method == http.MethodGet:
 		r.n.Add(1)
+	case r.writes != nil && (bucket || req.Method == http.MethodPost):
+		r.writes.Add(1)
 	}
 	return r.rt.RoundTrip(req)
 }
