@@ -252,7 +252,7 @@ func (r *Replica) pollLeases(ep *epoch) {
 			a := prev.next(sent, time.Now(), left, granted)
 			r.leaseLast[l] = a
 			if a.stale() && (!seen || !prev.stale()) {
-				r.log.Info(fmt.Sprintf("member %q has not renewed its lease for %v: it stopped, or cannot reach etcd; its names move when the lease runs out, in %v unless it renews", r.holderOfLocked(l), a.since(sent).Round(time.Second), a.ttl), "lease", leaseHex(l))
+				r.log.Info(fmt.Sprintf("member %q has not renewed its lease for %v: it stopped, or cannot reach the store; its names move when the lease runs out, in %v unless it renews", r.holderOfLocked(l), a.since(sent).Round(time.Second), a.ttl), "lease", leaseHex(l))
 			}
 			r.mu.Unlock()
 		}

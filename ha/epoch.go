@@ -327,7 +327,7 @@ func (r *Replica) endEpoch(ep *epoch, req *stopRequest) (*stopRequest, error) {
 	var pending []string
 	switch {
 	case req == nil:
-		r.log.Warn("fence passed: stopping every controller here, without their StopFuncs, until etcd answers again", "error", context.Cause(ep.fence.ctx))
+		r.log.Warn("fence passed: stopping every controller here, without their StopFuncs, until the store answers again", "error", context.Cause(ep.fence.ctx))
 		r.inner.RemoveAll()
 		inMargin, cancel := context.WithTimeout(context.Background(), r.opts.Margin)
 		pending, req = awaitStopped(stopping, inMargin.Done(), r.stopReq)

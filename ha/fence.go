@@ -15,12 +15,12 @@ import (
 // keepalive in time, or showed the lease ended, so the replica can no
 // longer be sure its lease, and with it its claims, still live. Read it
 // with context.Cause.
-var ErrFencePassed = errors.New("ha: fence passed: no keepalive answered in time, the claims may be lost")
+var ErrFencePassed = errors.New("ha: fence passed: no renewal answered in time, the claims may be lost")
 
 // errLeaseLost is why a fence passes early: etcd answered that the lease
 // no longer exists (it expired, or someone revoked it). It is logged; the
 // controllers' contexts end with ErrFencePassed all the same.
-var errLeaseLost = errors.New("ha: lease lost: etcd no longer knows it")
+var errLeaseLost = errors.New("ha: lease lost: the store no longer knows it")
 
 // errLeaseEnded is why a fence passes early when the watch shows the
 // lease's keys deleted together while the replica renews it: the server

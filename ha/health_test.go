@@ -35,7 +35,7 @@ func TestHealthReasons(t *testing.T) {
 		{"the ID taken", healthView{passed: true, cause: dup, joinErr: dup},
 			[]error{ErrNoLease, ErrFencePassed, ErrDuplicateID}, `ha: replica "r0": no lease: its fence passed (another live replica has this ID`},
 		{"fence passed, controllers stopping", healthView{leased: true, passed: true, cause: errLeaseLost},
-			[]error{ErrFencePassed, errLeaseLost}, `ha: replica "r0": fence passed: stopping its controllers (lease lost: etcd no longer knows it)`},
+			[]error{ErrFencePassed, errLeaseLost}, `ha: replica "r0": fence passed: stopping its controllers (lease lost: the store no longer knows it)`},
 		{"member key missing", func() healthView { v := healthy; v.inView = false; return v }(),
 			[]error{ErrMemberKeyMissing}, `ha: replica "r0": member key missing: the other members do not count it; writing it again`},
 		{"watch silent", func() healthView { v := healthy; v.silent = 8 * time.Second; return v }(),

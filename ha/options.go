@@ -179,7 +179,7 @@ func (o Options) normalize() (Options, error) {
 	case o.TTL < time.Second:
 		bad("TTL must be at least 1s, got %v", o.TTL)
 	case o.TTL%time.Second != 0:
-		bad("TTL must be whole seconds (etcd leases count in seconds), got %v", o.TTL)
+		bad("TTL must be whole seconds (etcd leases and Kubernetes Leases count in seconds), got %v", o.TTL)
 	default:
 		ttlOK = true
 	}
