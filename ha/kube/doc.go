@@ -1,7 +1,21 @@
-// Package kube is where a backend for github.com/bgctl/controller/ha that
-// keeps its leases in Kubernetes (coordination.k8s.io/v1 Lease objects)
-// instead of etcd is being built. It has no API yet: nothing here is for a
-// program to import.
+// Package kube is the store of github.com/bgctl/controller/ha on the
+// Kubernetes API server: a service's replicas keep their group in the
+// Lease objects (coordination.k8s.io/v1) of one namespace, with no etcd
+// of their own to run. Make each replica on it with
+//
+//	r, err := ha.Join(ctx, kube.Store(cfg, namespace, kube.StoreOptions{}), ha.Options{Prefix: "my-service"})
+//
+// where cfg is the replica's rest.Config (rest.InClusterConfig in a Pod)
+// and Prefix names the group's Leases. The replicas need RBAC on leases
+// alone, in their namespace: deploy/rbac.yaml. The rest is ha's: each
+// name on exactly one live replica, never two at once, DoFunc and
+// StopFunc included. Where Kubernetes differs from etcd: the API server
+// has no lease TTL, so a silent replica's session ends when another
+// replica's observer has seen its Lease unchanged for the lease duration
+// (Options.TTL) on its own clock; and ClaimFrom's Claim.Token is the
+// name's bucket Lease's leaseTransitions, with Claim.Key that Lease's
+// name (DESIGN.md). Still to come: the split of ha into modules, after
+// which this one no longer brings in the etcd client through ha.
 //
 // Its safety primitives exist, unexported, for the backend interface the
 // shared part of ha will call: a member session per replica, one Lease,

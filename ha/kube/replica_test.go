@@ -32,9 +32,14 @@ type runs struct {
 	where    map[string]string // the replica running each name, while one does
 	overlaps int               // starts while another run of the name was in progress
 	starts   int
+	// claims is, for each name, the Claim of each of its DoFunc runs, in
+	// the order they started (ClaimFrom).
+	claims map[string][]ha.Claim
 }
 
-func newRuns() *runs { return &runs{active: map[string]int{}, where: map[string]string{}} }
+func newRuns() *runs {
+	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{}}
+}
 
 func (r *runs) begin(replica, name string) {
 	r.mu.Lock()
@@ -62,6 +67,11 @@ func (r *runs) params(replica, name string) controller.ControllerParams {
 	return controller.ControllerParams{
 		DoFunc: func(ctx context.Context) error {
 			r.begin(replica, name)
+			if c, ok := ha.ClaimFrom(ctx); ok {
+				r.mu.Lock()
+				r.claims[name] = append(r.claims[name], c)
+				r.mu.Unlock()
+			}
 			<-ctx.Done()
 			r.finish(name)
 			return nil
@@ -201,6 +211,36 @@ func (g *kubeReplicas) waitPlaced(what string, limit time.Duration, on ...string
 	}
 }
 
+// checkTokens checks what ClaimFrom gave every run: the name, its bucket
+// Lease as the key, and a token that grew from each holding of the name
+// to the next.
+func (g *kubeReplicas) checkTokens() {
+	g.t.Helper()
+	g.runs.mu.Lock()
+	defer g.runs.mu.Unlock()
+	moved := 0
+	for _, n := range g.names {
+		cs := g.runs.claims[n]
+		if len(cs) == 0 {
+			g.t.Errorf("%s ran without a Claim in its context", n)
+		}
+		for i, c := range cs {
+			if c.Name != n || !strings.HasPrefix(c.Key, g.group+"-b-") {
+				g.t.Errorf("%s's claim %+v: want its name and its bucket Lease %s-b-<i> as the key", n, c, g.group)
+			}
+			if i > 0 && c.Revision != cs[i-1].Revision {
+				moved++
+				if c.Token <= cs[i-1].Token {
+					g.t.Errorf("%s held anew with token %d after token %d; want it to grow", n, c.Token, cs[i-1].Token)
+				}
+			}
+		}
+	}
+	if moved == 0 {
+		g.t.Errorf("no name was held anew; want the crash and the leave to move some")
+	}
+}
+
 // Three replicas spread the names, a crashed one's names move to the
 // others once its session ended, a leaving one's at once, and no name
 // ever runs twice at once.
@@ -228,12 +268,11 @@ func TestReplicasOnKubernetesSpreadCrashAndLeave(t *testing.T) {
 		t.Logf("Close(c) cut off: %v", err)
 	}
 	delete(g.rs, "c")
-	took, _ = g.waitPlaced("after c crashed", replicaTTL+20*time.Second, "a", "b")
+	g.waitPlaced("after c crashed", replicaTTL+20*time.Second, "a", "b")
 	t.Logf("c's names run elsewhere %v after its crash (D = %v)", time.Since(crashed), replicaTTL)
 	if since := time.Since(crashed); since < replicaTTL-time.Second {
 		t.Errorf("c's names ran elsewhere %v after its crash, before its session of %v could have ended", since, replicaTTL)
 	}
-	_ = took
 
 	// A graceful leave: b's names move to a without waiting for D.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -244,5 +283,49 @@ func TestReplicasOnKubernetesSpreadCrashAndLeave(t *testing.T) {
 	}
 	delete(g.rs, "b")
 	took, _ = g.waitPlaced("after b left", 20*time.Second, "a")
+	g.checkTokens()
 	t.Logf("b's names run on a %v after its Leave returned (%v from the call)", took, time.Since(left))
+	if took > replicaTTL/2 {
+		t.Errorf("b's names ran on a %v after b's Leave returned; want them handed over at once, well within its session's %v", took, replicaTTL)
+	}
+}
+
+// A replica cut off from the API server stops its names by its fence, the
+// others start them only once their observers count its session ended,
+// and, healed, it joins again and gets a share back; no name ever runs
+// twice at once.
+func TestReplicaOnKubernetesPartitioned(t *testing.T) {
+	g := newKubeReplicas(t, 60)
+	for _, id := range []string{"a", "b", "c"} {
+		g.join(id)
+	}
+	g.waitPlaced("three replicas placing", 30*time.Second, "a", "b", "c")
+
+	g.cuts["b"].off.Store(true)
+	cutAt := time.Now()
+	g.waitPlaced("after b was cut off", replicaTTL+20*time.Second, "a", "c")
+	t.Logf("b cut off: its names run elsewhere %v later (D = %v)", time.Since(cutAt), replicaTTL)
+	if since := time.Since(cutAt); since < replicaTTL-time.Second {
+		t.Errorf("b's names ran elsewhere %v after the cut, before its session of %v could have ended", since, replicaTTL)
+	}
+
+	g.cuts["b"].off.Store(false)
+	healed := time.Now()
+	for {
+		where, all := g.runs.placement(g.names)
+		n := 0
+		for _, id := range where {
+			if id == "b" {
+				n++
+			}
+		}
+		if all && n > 0 {
+			t.Logf("healed: b runs %d names again %v later", n, time.Since(healed))
+			break
+		}
+		if time.Since(healed) > 30*time.Second {
+			t.Fatalf("30s after the heal b runs %d names (every name on one replica: %v); want a share back", n, all)
+		}
+		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
+	}
 }

@@ -77,12 +77,6 @@ func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	return seam{newKubeBackend(g, c.ID, c.Logger, serverVersion(cl.RESTClient()), c.RequestTimeout)}, nil
 }
 
-// maxClaimNames is how many names one Claim takes (ClaimLimits): a claim
-// costs one write per bucket its names fall in, so a large batch costs
-// no more writes than a small one, and 100,000 names over the default
-// 256 buckets take seven calls.
-const maxClaimNames = 16384
-
 // seam is a kubeBackend as ha's Backend: each method converts between
 // ha's types and this package's copies of them, and this package's
 // errors to ha's sentinels (seamErr).
@@ -99,7 +93,7 @@ func seamErr(err error) error {
 		return fmt.Errorf("%w: %w", ha.ErrSessionEnded, err)
 	case errors.Is(err, errDuplicateSession):
 		return fmt.Errorf("%w: %w", ha.ErrDuplicateID, err)
-	case errors.Is(err, errClaimsTooLarge):
+	case errors.Is(err, errTooLarge), errors.Is(err, errClaimsTooLarge):
 		return fmt.Errorf("%w: %w", ha.ErrTooLarge, err)
 	}
 	return err
@@ -157,9 +151,9 @@ func (s seam) Claim(ctx context.Context, id ha.SessionID, names []string) ([]ha.
 
 func (s seam) ClaimCost(name string) int { return s.b.claimCost(name) }
 
-// ClaimLimits lets one Claim carry many names: it costs one write per
-// bucket its names fall in, not one per name.
-func (s seam) ClaimLimits() (names, bytes int) { return maxClaimNames, maxClaimNames * 64 }
+// ClaimLimits lets one Claim carry many names (group.claimBatch): it
+// costs one write per bucket its names fall in, not one per name.
+func (s seam) ClaimLimits() (names, bytes int) { return s.b.g.claimBatch() }
 
 func (s seam) Release(ctx context.Context, c ha.Claim) error {
 	return seamErr(s.b.release(ctx, Claim{Key: c.Name, Revision: c.Revision, Token: c.Token}))

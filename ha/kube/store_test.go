@@ -31,6 +31,7 @@ func TestSeamErrorsWrapHasSentinels(t *testing.T) {
 		{errSessionLost, ha.ErrSessionEnded},
 		{errDuplicateSession, ha.ErrDuplicateID},
 		{errClaimsTooLarge, ha.ErrTooLarge},
+		{errTooLarge, ha.ErrTooLarge},
 	} {
 		if got := seamErr(tc.err); !errors.Is(got, tc.want) || !errors.Is(got, tc.err) {
 			t.Errorf("seamErr(%v) = %v, want it to wrap %v and the cause", tc.err, got, tc.want)
