@@ -7,6 +7,7 @@ package kube
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -175,5 +176,61 @@ func TestBackendFeedFailsWhenItsWatchExpires(t *testing.T) {
 	}
 	if chs, _, err := v.take(change{kind: changeSnapshot, rv: "7"}); !errors.Is(err, errHistoryExpired) {
 		t.Errorf("a snapshot taken into the view: %+v, %v; want errHistoryExpired", chs, err)
+	}
+}
+
+// A feed whose watch's history expired under it (410 Gone: etcd
+// compacted past the listing it starts from) fails with one batch,
+// errHistoryExpired, and delivers nothing after it, for ha to list
+// again; its goroutines end once it is stopped. The watcher reads
+// through a server without a watch cache, which answers a watch from a
+// compacted version with 410 at once.
+func TestBackendFeedFailsOnceWhenItsHistoryExpires(t *testing.T) {
+	c := needCluster(t)
+	ctx := t.Context()
+	g, a, sa, _ := pairOf(t, "d")
+	leases := uncachedServer(t, c).CoordinationV1().Leases(replicaNamespace)
+	ug, err := newGroup(leases, leases, g.name, g.buckets, g.duration)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newKubeBackend(ug, "r1", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+	_, from, err := w.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.renew(ctx, sa.id); err != nil { // the other server took a while to start
+		t.Fatal(err)
+	}
+	if _, _, err := a.claim(ctx, sa.id, namesIn(g, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	compactEtcd(t, c, a.known(1).lease.ResourceVersion)
+
+	var wg sync.WaitGroup
+	f := w.watch(from, &wg)
+	select {
+	case fb := <-f.batches():
+		if !errors.Is(fb.err, errHistoryExpired) {
+			t.Errorf("the feed from a compacted listing delivered %+v, want errHistoryExpired", fb)
+		}
+	case <-time.After(5 * testD):
+		t.Fatal("the feed from a compacted listing delivered nothing")
+	}
+	select {
+	case fb := <-f.batches():
+		t.Errorf("the feed delivered %+v after it failed", fb)
+	case <-time.After(testD / 2): // four of its ticks
+	}
+	f.stop()
+	joined := make(chan struct{})
+	go func() { // ends with wg.Wait
+		wg.Wait()
+		close(joined)
+	}()
+	select {
+	case <-joined:
+	case <-time.After(5 * testD):
+		t.Fatal("the failed feed's goroutines still run after stop")
 	}
 }
