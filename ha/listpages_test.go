@@ -79,14 +79,14 @@ func TestListingFailsWhenItsRevisionIsCompactedBetweenPages(t *testing.T) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	throughInterceptor(t, n, compact)
-	records, at, err := n.etcd().list(ctx)
+	records, at, err := n.etcd().List(ctx)
 	if !compacted.Load() {
 		t.Fatal("the listing read no second page: the setup compacted nothing")
 	}
 	if !errors.Is(err, rpctypes.ErrCompacted) {
 		t.Fatalf("the listing compacted between pages answered %d records at %d, %v; want etcd's compacted error", len(records), at, err)
 	}
-	if records, _, err = n.etcd().list(ctx); err != nil || len(records) != 11 {
+	if records, _, err = n.etcd().List(ctx); err != nil || len(records) != 11 {
 		t.Errorf("the listing made again read %d records, %v; want 11", len(records), err)
 	}
 }
