@@ -158,7 +158,9 @@ type Backend interface {
 	// the member last wrote and left that validity less the time since
 	// an observer saw the write, on the observer's monotonic clock, and
 	// ErrSessionEnded once an observer proved the session ended. left
-	// may be up to a second short, never long. Bounded by ctx alone.
+	// may be up to a second short, never more: the replica holds names
+	// until a second past it (a longer answer only holds them longer).
+	// Bounded by ctx alone.
 	PeerLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
 
 	// Publish makes chunks (opaque bytes) this replica's published set of

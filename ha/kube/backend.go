@@ -632,7 +632,9 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 			}
 		}
 	}), func(i int) {
-		res, err := b.g.change(ctx, b.o, i, claimChange{claim: byBucket[i]}, s.claimWriter(), b.known(i))
+		rctx, cancel := b.request(ctx) // each bucket's write on its own: the call is as long as its buckets take
+		res, err := b.g.change(rctx, b.o, i, claimChange{claim: byBucket[i]}, s.claimWriter(), b.known(i))
+		cancel()
 		if err == nil {
 			b.remember(i, res.lease)
 			b.noteWrote(id, i)

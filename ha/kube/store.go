@@ -101,8 +101,13 @@ func seamErr(err error) error {
 
 func (s seam) CheckServers(ctx context.Context) { s.b.checkServers(ctx) }
 
+// Request bounds nothing itself: ha makes Claim, Release, Fetch and List
+// with it, and on Kubernetes a Claim of many names is a write for each
+// of up to 256 buckets, paced by the client's rate limiter, longer than
+// one request's timeout; each of those calls bounds each request it
+// makes by the request timeout instead.
 func (s seam) Request(parent context.Context) (context.Context, context.CancelFunc) {
-	return s.b.request(parent)
+	return context.WithCancel(parent)
 }
 
 func (s seam) Begin(ctx context.Context, prev ha.SessionID, ttl time.Duration, digest string) (ha.Session, error) {
@@ -156,7 +161,9 @@ func (s seam) ClaimCost(name string) int { return s.b.claimCost(name) }
 func (s seam) ClaimLimits() (names, bytes int) { return s.b.g.claimBatch() }
 
 func (s seam) Release(ctx context.Context, c ha.Claim) error {
-	return seamErr(s.b.release(ctx, Claim{Key: c.Name, Revision: c.Revision, Token: c.Token}))
+	rctx, cancel := s.b.request(ctx)
+	defer cancel()
+	return seamErr(s.b.release(rctx, Claim{Key: c.Name, Revision: c.Revision, Token: c.Token}))
 }
 
 func (s seam) MemberSession(ctx context.Context) (ha.SessionID, bool, error) {
@@ -179,7 +186,9 @@ func (s seam) Publish(ctx context.Context, id ha.SessionID, digest, old string, 
 }
 
 func (s seam) Fetch(ctx context.Context, member, digest string) ([]ha.Chunk, int64, error) {
-	got, at, err := s.b.fetch(ctx, member, digest)
+	rctx, cancel := s.b.request(ctx)
+	defer cancel()
+	got, at, err := s.b.fetch(rctx, member, digest)
 	if err != nil {
 		return nil, 0, seamErr(err)
 	}
