@@ -19,7 +19,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	controller "github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
 )
 
@@ -136,5 +135,4 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	if since > d+5*time.Second {
 		t.Logf("over D + 5 s at %v requests a second", *replicaScaleQPS)
 	}
-	_ = controller.ControllerParams{}
 }
