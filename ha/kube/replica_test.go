@@ -132,6 +132,7 @@ type kubeReplicas struct {
 	runs  *runs
 	cuts  map[string]*cut
 	rs    map[string]*ha.Replica
+	mode  ha.Mode // the replicas' Options.Mode: Spread unless set before join
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
@@ -164,7 +165,7 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
 	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: 16}), ha.Options{
-		Prefix: g.group, ID: id, TTL: replicaTTL, Settle: 500 * time.Millisecond, Logger: log,
+		Prefix: g.group, ID: id, TTL: replicaTTL, Settle: 500 * time.Millisecond, Logger: log, Mode: g.mode,
 	})
 	if err != nil {
 		g.t.Fatalf("New(%s): %v", id, err)
