@@ -6,6 +6,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -87,6 +88,19 @@ func (r *runs) params(replica, name string) controller.ControllerParams {
 	}
 }
 
+// on returns how many names run on replica.
+func (r *runs) on(replica string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, id := range r.where {
+		if id == replica {
+			n++
+		}
+	}
+	return n
+}
+
 // placement returns where every name of names runs, and whether each
 // runs on exactly one replica.
 func (r *runs) placement(names []string) (map[string]string, bool) {
@@ -133,6 +147,10 @@ type kubeReplicas struct {
 	cuts  map[string]*cut
 	rs    map[string]*ha.Replica
 	mode  ha.Mode // the replicas' Options.Mode: Spread unless set before join
+	// ttl is the replicas' TTL (replicaTTL if 0), and buckets their
+	// Store's (16 if 0): set before join.
+	ttl     time.Duration
+	buckets int
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
@@ -164,8 +182,8 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { ct.rt = rt; return ct }
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
-	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: 16}), ha.Options{
-		Prefix: g.group, ID: id, TTL: replicaTTL, Settle: 500 * time.Millisecond, Logger: log, Mode: g.mode,
+	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: cmp.Or(g.buckets, 16)}), ha.Options{
+		Prefix: g.group, ID: id, TTL: cmp.Or(g.ttl, replicaTTL), Settle: 500 * time.Millisecond, Logger: log, Mode: g.mode,
 	})
 	if err != nil {
 		g.t.Fatalf("New(%s): %v", id, err)
