@@ -36,33 +36,56 @@ type claimQueue struct {
 
 	mu    sync.Mutex
 	names []string // guarded by mu
+	// filling is true while the loop's step adds names, until its flush:
+	// a take then leaves fewer than a batch for that step's flush to
+	// wake a worker for. Guarded by mu.
+	filling bool
 }
 
 func newClaimQueue() *claimQueue {
 	return &claimQueue{ready: make(chan struct{}, 1)}
 }
 
-func (q *claimQueue) add(name string) {
+// add queues name, and wakes a worker once batch names are queued: a
+// worker woken for fewer would send a smaller Claim than the backend
+// takes, and on a store whose Claim costs a write per bucket touched
+// (Kubernetes) each small batch costs as many writes as a full one. The
+// loop wakes one for the rest when its step ends (flush).
+func (q *claimQueue) add(name string, batch int) {
 	q.mu.Lock()
 	q.names = append(q.names, name)
+	q.filling = true
+	full := len(q.names) >= batch
+	q.mu.Unlock()
+	if full {
+		q.signal()
+	}
+}
+
+// flush ends the loop's step of adds, and wakes a worker for the names
+// left.
+func (q *claimQueue) flush() {
+	q.mu.Lock()
+	q.filling = false
 	q.mu.Unlock()
 	q.signal()
 }
 
-// take removes and returns up to n names, nil when there are none, and
-// wakes another worker when some remain.
+// take removes and returns up to n names, nil when there are none or,
+// while the loop's step adds names, fewer than n; it wakes another worker
+// when a batch of n remains, or any once the loop's step flushed.
 func (q *claimQueue) take(n int) []string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.names) == 0 {
-		return nil
+	if len(q.names) == 0 || q.filling && len(q.names) < n {
+		return nil // none, or less than a batch while the loop's step adds more
 	}
 	batch := make([]string, min(n, len(q.names)))
 	copy(batch, q.names)
 	q.names = q.names[len(batch):]
-	if len(q.names) > 0 {
+	if len(q.names) >= n || len(q.names) > 0 && !q.filling {
 		q.signal()
-	} else {
+	} else if len(q.names) == 0 {
 		q.names = nil // lets the array go
 	}
 	return batch

@@ -6,6 +6,7 @@
 package ha
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -30,6 +31,11 @@ type memStore struct {
 	faults map[string]memFault // by operation ("begin", "renew", …); guarded by mu
 	cut    map[string]bool     // replicas cut off: their calls never arrive (partition); guarded by mu
 	ended  []string            // each session ended, in order ("<member> <id> expired|ended"); guarded by mu
+	// claimLimit is the names one Claim takes (ClaimLimits): etcd's
+	// maxClaimBatch if 0; set before any replica is made. claimCalls
+	// counts the Claims that reached the store; guarded by mu.
+	claimLimit int
+	claimCalls int
 }
 
 // memLease is one session as the store has it.
@@ -358,6 +364,7 @@ func (b *memBackend) EnsureMember(ctx context.Context, id SessionID, digest stri
 // as etcd's transaction does; otherwise it reads them.
 func (b *memBackend) Claim(ctx context.Context, id SessionID, names []string) (got []Claimed, absent []string, err error) {
 	err = b.st.call(ctx, b.id, "claim", func(time.Time) error {
+		b.st.claimCalls++
 		got, absent = nil, nil
 		if err := b.st.liveLocked(id); err != nil {
 			return err
@@ -398,8 +405,10 @@ func (b *memBackend) Claim(ctx context.Context, id SessionID, names []string) (g
 func (b *memBackend) ClaimCost(name string) int { return len(memClaimPrefix) + len(name) + 16 }
 
 // ClaimLimits answers etcd's defaults, which the shared part's batches
-// were tuned for.
-func (b *memBackend) ClaimLimits() (names, bytes int) { return maxClaimBatch, maxClaimBytes }
+// were tuned for, or the store's claimLimit.
+func (b *memBackend) ClaimLimits() (names, bytes int) {
+	return cmp.Or(b.st.claimLimit, maxClaimBatch), maxClaimBytes
+}
 
 // Release deletes the holding c names while it is that holding.
 func (b *memBackend) Release(ctx context.Context, c Claim) error {

@@ -280,3 +280,21 @@ func TestMemReplicasJoinTogetherUnsettled(t *testing.T) {
 		})
 	}
 }
+
+// A replica sends the names it finds to claim in Claims as large as its
+// backend takes: on a store whose Claim costs a write per bucket touched
+// (Kubernetes), a Claim sent for each few names as they are found would
+// cost as many writes as a full one each.
+func TestMemReplicaClaimsInBatchesAsLargeAsTheBackendTakes(t *testing.T) {
+	runMemGroup(t, 2000, func(t *testing.T, g *memGroup) {
+		g.st.claimLimit = 1000
+		g.join("r0")
+		g.waitPlacement(g.want("r0"), 10*time.Second)
+		g.st.mu.Lock()
+		calls := g.st.claimCalls
+		g.st.mu.Unlock()
+		if calls != 2 {
+			t.Errorf("2000 names claimed in %d Claims of at most 1000 names; want 2", calls)
+		}
+	})
+}

@@ -339,8 +339,10 @@ func (r *Replica) membershipChangedLocked() {
 	r.allDirty = true
 }
 
-// reconcile steps every dirty name.
+// reconcile steps every dirty name, then wakes a claim worker for the
+// names it queued (claimQueue.flush).
 func (r *Replica) reconcile(ep *epoch) {
+	defer ep.claims.flush()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.allDirty {
@@ -394,7 +396,7 @@ func (r *Replica) stepLocked(ep *epoch, name string) {
 		}
 		s = newSlot(acquiring)
 		r.slots[name] = s
-		ep.claims.add(name) // a claim worker takes it
+		ep.claims.add(name, int(r.claimBatch.Load())) // a claim worker takes it
 	case s == nil:
 		if c, held := r.claims[name]; held && c.lease == ep.lease {
 			s = newSlot(releasing)
