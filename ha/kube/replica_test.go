@@ -36,10 +36,11 @@ type runs struct {
 	// claims is, for each name, the Claim of each of its DoFunc runs, in
 	// the order they started (ClaimFrom).
 	claims map[string][]ha.Claim
+	last   map[string]time.Time // when each name's latest run started
 }
 
 func newRuns() *runs {
-	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{}}
+	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{}, last: map[string]time.Time{}}
 }
 
 func (r *runs) begin(replica, name string) {
@@ -47,6 +48,7 @@ func (r *runs) begin(replica, name string) {
 	defer r.mu.Unlock()
 	r.active[name]++
 	r.starts++
+	r.last[name] = time.Now()
 	if r.active[name] > 1 {
 		r.overlaps++
 	}
@@ -86,6 +88,27 @@ func (r *runs) params(replica, name string) controller.ControllerParams {
 		RunInterval:            5 * time.Millisecond,
 		ErrorRetryBaseDuration: 10 * time.Millisecond,
 	}
+}
+
+// startedBetween returns the first and the last start of the latest runs
+// of names, and how many of names started after from.
+func (r *runs) startedBetween(names []string, from time.Time) (first, last time.Time, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, nm := range names {
+		at := r.last[nm]
+		if !at.After(from) {
+			continue
+		}
+		n++
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	return first, last, n
 }
 
 // on returns how many names run on replica.

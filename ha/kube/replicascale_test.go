@@ -124,6 +124,13 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	time.Sleep(steady) // the steady-state window: nothing happens but renewals
 	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", writes.Load()-w1, steady, float64(writes.Load()-w1)/steady.Seconds())
 
+	where, _ := rec.placement(names)
+	var ofC []string
+	for nm, id := range where {
+		if id == "c" {
+			ofC = append(ofC, nm)
+		}
+	}
 	w2 := writes.Load()
 	cuts["c"].off.Store(true)
 	crashed := time.Now()
@@ -131,7 +138,10 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	delete(rs, "c")
 	placed("after c crashed", 5*time.Minute, "a", "b")
 	since := time.Since(crashed)
-	t.Logf("c's share runs on a and b %v after the crash (D + %v), %d writes", since.Round(10*time.Millisecond), (since - d).Round(10*time.Millisecond), writes.Load()-w2)
+	first, last, moved := rec.startedBetween(ofC, crashed)
+	t.Logf("c's share (%d names, %d moved) runs on a and b %v after the crash (D + %v), %d writes; the first started %v after the crash, the last %v after the first",
+		len(ofC), moved, since.Round(10*time.Millisecond), (since - d).Round(10*time.Millisecond), writes.Load()-w2,
+		first.Sub(crashed).Round(10*time.Millisecond), last.Sub(first).Round(10*time.Millisecond))
 	if since > d+5*time.Second {
 		t.Logf("over D + 5 s at %v requests a second", *replicaScaleQPS)
 	}
