@@ -156,7 +156,7 @@ func StartAPIServer(bin, release, etcdURL, dir string, extra ...string) (*APISer
 	if err := os.WriteFile(tokens, []byte(csv), 0o600); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}

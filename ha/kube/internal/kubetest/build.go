@@ -134,8 +134,8 @@ func lockFile(path string) (unlock func(), err error) {
 	return func() { f.Close() }, nil // closing the file drops the lock
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -43,11 +43,11 @@ func etcdRelease(bin string) (string, error) {
 // StartEtcd starts the etcd at bin with its data and log in dir, and
 // returns its client URL once it is healthy and reports release.
 func StartEtcd(bin, release, dir string) (string, *Process, error) {
-	cport, err := freePort()
+	cport, err := FreePort()
 	if err != nil {
 		return "", nil, err
 	}
-	pport, err := freePort()
+	pport, err := FreePort()
 	if err != nil {
 		return "", nil, err
 	}
