@@ -88,13 +88,15 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	c, err := connect(ctx, o.kubeconfig, o.namespace)
+	// Before the signals are caught: Ctrl-C ends a first build of the
+	// servers, which takes minutes.
+	c, err := connect(context.Background(), o.kubeconfig, o.namespace)
 	if err != nil {
 		return err
 	}
 	defer c.stop()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	if o.duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.duration)
