@@ -10,10 +10,3 @@
 // RBAC is rbac.yaml, for programs that apply it themselves: the example
 // does, on the kube-apiserver it starts when given no cluster.
 package deploy
-
-import _ "embed"
-
-// RBAC is rbac.yaml.
-//
-//go:embed rbac.yaml
-var RBAC []byte
