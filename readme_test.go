@@ -36,6 +36,12 @@ func (s readmeSnippet) usesReplicas() bool {
 	return strings.Contains(s.code, `"github.com/bgctl/controller/ha"`)
 }
 
+// usesKube tells a snippet of the Kubernetes store, which ha/kube's tests
+// vet and build with that module (TestReadmeKubeSnippetsBuild).
+func (s readmeSnippet) usesKube() bool {
+	return strings.Contains(s.code, `"github.com/bgctl/controller/ha/kube"`)
+}
+
 // readmeSnippets returns the Go snippets of README.md.
 func readmeSnippets(t *testing.T) []readmeSnippet {
 	t.Helper()
@@ -71,6 +77,8 @@ func readmeSnippets(t *testing.T) []readmeSnippet {
 // A snippet that uses the ha module is vetted and built with it here, not
 // run: it needs an etcd, and .ci/release-simulation runs the replica
 // program after a go get of ha from a simulated release.
+// A snippet of the Kubernetes store (ha/kube) is vetted and built by that
+// module's tests instead, with its dependencies.
 func TestReadmeGoSnippets(t *testing.T) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
@@ -81,6 +89,8 @@ func TestReadmeGoSnippets(t *testing.T) {
 		switch {
 		case !regexp.MustCompile(`(?m)^package \w+$`).MatchString(s.code):
 			t.Errorf("README.md:%d: a Go snippet must be a whole file, from its package clause on, so that it runs as written:\n%s", s.line, s.code)
+		case s.usesKube():
+			// built in ha/kube
 		case s.usesReplicas():
 			replicas = append(replicas, s)
 		default:

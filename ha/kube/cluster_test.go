@@ -1,17 +1,14 @@
-// The cluster the tests share: an etcd and a kube-apiserver started once
-// per test binary in a temporary directory, clients for the administrator
-// and for the replicas, and the processes' lifecycle.
+// The cluster the tests share: an etcd and a kube-apiserver (package
+// kubetest) started once per test binary in a temporary directory, and
+// clients for the administrator and for the replicas.
 
 package kube
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +16,8 @@ import (
 	"go.uber.org/goleak"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/bgctl/controller/ha/kube/internal/kubetest"
 )
 
 // testCluster is the tests' cluster; nil when it could not start (then
@@ -64,14 +63,13 @@ func needCluster(t testing.TB) *cluster {
 	return testCluster
 }
 
-// cluster is an etcd and a kube-apiserver storing into it.
+// cluster is the servers of package kubetest and the tests' clients.
 type cluster struct {
 	release string
-	dir     string
-	etcd    *process
-	etcdURL string // etcd's client URL
-	api     *apiServer
-	apiBin  string // the kube-apiserver binary, for a test that starts another
+	etcdURL string     // etcd's client URL
+	api     *apiServer // the kube-apiserver
+	apiBin  string     // the kube-apiserver binary, for a test that starts another
+	servers *kubetest.Servers
 
 	// admin acts as a member of system:masters, replica as the
 	// ServiceAccount deploy/rbac.yaml binds. Their HTTP clients are
@@ -82,6 +80,32 @@ type cluster struct {
 	httpClients []*http.Client // guarded by mu: every HTTP client made for the tests (parallel tests add theirs)
 }
 
+// apiServer is a kubetest.APIServer under the tests' names.
+type apiServer struct {
+	url          string // https://127.0.0.1:<port>
+	caFile       string // the CA of its self-signed serving certificate
+	adminToken   string // user admin, group system:masters
+	replicaToken string // the ServiceAccount of deploy/rbac.yaml
+	proc         *kubetest.Process
+}
+
+func asAPIServer(s *kubetest.APIServer) *apiServer {
+	return &apiServer{url: s.URL, caFile: s.CAFile, adminToken: s.AdminToken, replicaToken: s.ReplicaToken, proc: s.Proc}
+}
+
+// startAPIServer starts another kube-apiserver, as kubetest.StartAPIServer
+// does.
+func startAPIServer(bin, release, etcdURL, dir string, extra ...string) (*apiServer, error) {
+	s, err := kubetest.StartAPIServer(bin, release, etcdURL, dir, extra...)
+	if err != nil {
+		return nil, err
+	}
+	return asAPIServer(s), nil
+}
+
+// The replicas' namespace, where deploy/rbac.yaml puts them.
+const replicaNamespace = kubetest.ReplicaNamespace
+
 // track records hc, for stop to close its connections.
 func (c *cluster) track(hc *http.Client) {
 	c.mu.Lock()
@@ -89,55 +113,23 @@ func (c *cluster) track(hc *http.Client) {
 	c.httpClients = append(c.httpClients, hc)
 }
 
-// startCluster gets the releases asked for and starts them, trying three
-// times, as a free port may be taken meanwhile.
-func startCluster() (*cluster, error) {
+// startCluster starts the releases asked for (kubetest.Start) and the
+// tests' clients.
+func startCluster() (c *cluster, err error) {
 	release, err := wantedKube()
 	if err != nil {
 		return nil, err
 	}
-	etcdBin, err := etcdBinary(*etcdVersion)
+	servers, err := kubetest.Start(release, *etcdVersion)
 	if err != nil {
 		return nil, err
 	}
-	apiBin, err := apiServerBinary(release)
-	if err != nil {
-		return nil, err
-	}
-	var errs []error
-	for range 3 {
-		c, err := startClusterOnce(release, etcdBin, apiBin)
-		if err == nil {
-			return c, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, errors.Join(errs...)
-}
-
-func startClusterOnce(release, etcdBin, apiBin string) (c *cluster, err error) {
-	base := ""
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		base = "/dev/shm" // etcd fsyncs every write: memory is faster than a disk
-	}
-	dir, err := os.MkdirTemp(base, "ha-kube-")
-	if err != nil {
-		return nil, err
-	}
-	c = &cluster{release: release, dir: dir}
+	c = &cluster{release: release, etcdURL: servers.EtcdURL, api: asAPIServer(servers.API), apiBin: servers.APIBin, servers: servers}
 	defer func() {
 		if err != nil {
 			c.stop()
 		}
 	}()
-	etcdURL, etcd, err := startEtcd(etcdBin, *etcdVersion, dir)
-	if err != nil {
-		return nil, err
-	}
-	c.etcd, c.etcdURL, c.apiBin = etcd, etcdURL, apiBin
-	if c.api, err = startAPIServer(apiBin, release, etcdURL, dir); err != nil {
-		return nil, err
-	}
 	if c.admin, err = c.client(c.api.adminToken); err != nil {
 		return nil, err
 	}
@@ -165,80 +157,38 @@ func (c *cluster) client(token string) (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfigAndClient(cfg, hc)
 }
 
-// stop stops the kube-apiserver, then its etcd, and removes their files.
+// stop closes the tests' connections, stops the kube-apiserver, then its
+// etcd, and removes their files.
 func (c *cluster) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, hc := range c.httpClients {
 		hc.CloseIdleConnections()
 	}
-	if c.api != nil {
-		c.api.proc.stop()
-	}
-	if c.etcd != nil {
-		c.etcd.stop()
-	}
-	os.RemoveAll(c.dir)
+	c.servers.Stop()
 }
 
-// process is a server the tests started, logging to a file.
-type process struct {
-	cmd    *exec.Cmd
-	log    *os.File
-	exited chan error // cmd.Wait's result, once; owned by the goroutine startProcess starts
-}
+var (
+	kubeVersion = flag.String("kube.version", "", "the Kubernetes release whose kube-apiserver to test against, e.g. "+kubetest.CurrentKube+"; built from the Go module proxy into the user cache directory once (default: $"+kubeVersionEnv+", else "+kubetest.CurrentKube+")")
+	etcdVersion = flag.String("kube.etcd", kubetest.CurrentEtcd, "the etcd release the kube-apiserver stores into; built from the Go module proxy into the user cache directory once")
+)
 
-// startProcess starts bin with args, its output to logPath, without the
-// environment's variables that start with dropEnv (when not "").
-func startProcess(bin, logPath, dropEnv string, args ...string) (*process, error) {
-	cmd := exec.Command(bin, args...)
-	for _, kv := range os.Environ() {
-		if dropEnv == "" || !strings.HasPrefix(kv, dropEnv) {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	p := &process{cmd: cmd, log: logf, exited: make(chan error, 1)}
-	go func() { p.exited <- cmd.Wait() }() // joined by stop
-	return p, nil
-}
+// kubeVersionEnv names the release to test against when -kube.version is
+// not given.
+const kubeVersionEnv = "HA_KUBE_VERSION"
 
-// waitFor calls ready until it succeeds, the process exits or timeout
-// passes, and says which, with the end of the process's log.
-func (p *process) waitFor(timeout time.Duration, ready func() error) error {
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		select {
-		case exit := <-p.exited:
-			p.exited <- exit // for stop
-			return fmt.Errorf("%s exited: %v: %s", p.cmd.Path, exit, p.logTail())
-		default:
-		}
-		if err = ready(); err == nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
+// wantedKube returns the release -kube.version, $HA_KUBE_VERSION or
+// kubetest.CurrentKube names, checked.
+func wantedKube() (string, error) {
+	release, from := *kubeVersion, "-kube.version"
+	if release == "" {
+		release, from = os.Getenv(kubeVersionEnv), "$"+kubeVersionEnv
 	}
-	return fmt.Errorf("%s not ready within %v: %v: %s", p.cmd.Path, timeout, err, p.logTail())
-}
-
-func (p *process) logTail() string {
-	b, _ := os.ReadFile(p.log.Name())
-	return tail(b, 2000)
-}
-
-// stop kills the process and waits for it.
-func (p *process) stop() {
-	_ = p.cmd.Process.Kill()
-	<-p.exited
-	p.log.Close()
+	if release == "" {
+		return kubetest.CurrentKube, nil
+	}
+	if err := kubetest.CheckRelease(release); err != nil {
+		return "", fmt.Errorf("%s=%w", from, err)
+	}
+	return release, nil
 }

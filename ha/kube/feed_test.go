@@ -31,7 +31,7 @@ func uncachedServer(t *testing.T, c *cluster) *kubernetes.Clientset {
 	if err != nil {
 		t.Fatalf("another kube-apiserver: %v", err)
 	}
-	t.Cleanup(api.proc.stop) // before t.TempDir's removal: cleanups run last first
+	t.Cleanup(api.proc.Stop) // before t.TempDir's removal: cleanups run last first
 	cfg := &rest.Config{
 		Host:            api.url,
 		BearerToken:     api.replicaToken,

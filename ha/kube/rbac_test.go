@@ -4,18 +4,12 @@
 package kube
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"os"
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
-	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -23,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/bgctl/controller/ha/kube/internal/kubetest"
 )
 
 const manifest = "deploy/rbac.yaml"
@@ -40,24 +34,9 @@ func readManifest(t testing.TB) []runtime.Object {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var objs []runtime.Object
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", manifest, err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", manifest, err)
-		}
-		objs = append(objs, obj)
+	objs, err := kubetest.Decode(b)
+	if err != nil {
+		t.Fatalf("%s: %v", manifest, err)
 	}
 	return objs
 }
@@ -71,73 +50,30 @@ func applyManifest(t testing.TB, c *cluster) {
 	t.Helper()
 	manifestMu.Lock() // parallel tests: each apply reads, then updates on what it read
 	defer manifestMu.Unlock()
-	ctx := t.Context()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: replicaNamespace}}
-	if err := apply(ctx, c.admin.CoreV1().Namespaces(), ns); err != nil {
+	b, err := os.ReadFile(manifest)
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, obj := range readManifest(t) {
-		var err error
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			err = apply(ctx, c.admin.CoreV1().ServiceAccounts(o.Namespace), o)
-		case *rbacv1.Role:
-			err = apply(ctx, c.admin.RbacV1().Roles(o.Namespace), o)
-		case *rbacv1.RoleBinding:
-			err = apply(ctx, c.admin.RbacV1().RoleBindings(o.Namespace), o)
-		default:
-			t.Fatalf("%s holds a %T, which the tests do not apply", manifest, obj)
-		}
-		if err != nil {
-			t.Fatalf("applying %s: %v", manifest, err)
-		}
+	if err := kubetest.ApplyRBAC(t.Context(), c.admin, replicaNamespace, b); err != nil {
+		t.Fatalf("applying %s: %v", manifest, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !replicaMay(t, "create", coordinationv1.SchemeGroupVersion.Group, "leases", replicaNamespace) {
-		if time.Now().After(deadline) {
-			t.Fatal("10s after applying the manifest, the replicas still may not create Leases")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := kubetest.WaitAllowed(t.Context(), c.replica, replicaNamespace); err != nil {
+		t.Fatal(err)
 	}
 }
 
 // manifestMu makes the tests' applyManifest calls one at a time.
 var manifestMu sync.Mutex
 
-// objectClient is what apply needs of a typed client.
-type objectClient[T metav1.Object] interface {
-	Create(context.Context, T, metav1.CreateOptions) (T, error)
-	Get(context.Context, string, metav1.GetOptions) (T, error)
-	Update(context.Context, T, metav1.UpdateOptions) (T, error)
-}
-
-// apply creates obj, or updates the object of its name to it.
-func apply[T metav1.Object](ctx context.Context, client objectClient[T], obj T) error {
-	_, err := client.Create(ctx, obj, metav1.CreateOptions{})
-	if !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	cur, err := client.Get(ctx, obj.GetName(), metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	obj.SetResourceVersion(cur.GetResourceVersion())
-	_, err = client.Update(ctx, obj, metav1.UpdateOptions{})
-	return err
-}
-
 // replicaMay asks the server, as the replicas, whether they may do verb
 // to resource of group in namespace.
 func replicaMay(t testing.TB, verb, group, resource, namespace string) bool {
 	t.Helper()
-	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: verb, Group: group, Resource: resource},
-	}}
-	got, err := needCluster(t).replica.AuthorizationV1().SelfSubjectAccessReviews().Create(t.Context(), review, metav1.CreateOptions{})
+	ok, err := kubetest.Allowed(t.Context(), needCluster(t).replica, verb, group, resource, namespace)
 	if err != nil {
-		t.Fatalf("asking whether the replicas may %s %s in %q: %v", verb, resource, namespace, err)
+		t.Fatal(err)
 	}
-	return got.Status.Allowed
+	return ok
 }
 
 // The manifest grants the replicas exactly the Lease verbs the backend
@@ -198,16 +134,16 @@ func TestReplicaIsForbiddenBeyondItsLeases(t *testing.T) {
 	c := needCluster(t)
 	applyManifest(t, c)
 	ctx := t.Context()
-	if err := apply(ctx, c.admin.CoreV1().Namespaces(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: otherNamespace}}); err != nil {
+	if err := kubetest.Apply(ctx, c.admin.CoreV1().Namespaces(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: otherNamespace}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{otherNamespace, replicaNamespace} {
-		if err := apply(ctx, c.admin.CoreV1().ConfigMaps(ns), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"k": "v"}}); err != nil {
+		if err := kubetest.Apply(ctx, c.admin.CoreV1().ConfigMaps(ns), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"k": "v"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	theirs := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "theirs"}}
-	if err := apply(ctx, c.admin.CoordinationV1().Leases(otherNamespace), theirs); err != nil {
+	if err := kubetest.Apply(ctx, c.admin.CoordinationV1().Leases(otherNamespace), theirs); err != nil {
 		t.Fatal(err)
 	}
 	ours, err := c.replica.CoordinationV1().Leases(replicaNamespace).Create(ctx,

@@ -2,22 +2,24 @@
 // build theirs, at the same path, so both modules' tests share one binary
 // per release.
 
-package kube
+package kubetest
 
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net/http"
 	"path/filepath"
 	"time"
 )
 
-var etcdVersion = flag.String("kube.etcd", "v3.7.3", "the etcd release the kube-apiserver stores into; built from the Go module proxy into the user cache directory once")
+// CurrentEtcd is the etcd release the kube-apiserver stores into by
+// default.
+const CurrentEtcd = "v3.7.3"
 
-// etcdBinary returns the cached etcd of release, built first if need be.
-func etcdBinary(release string) (string, error) {
+// EtcdBinary returns the cached etcd of release ("v3.7.3"), built first
+// if need be.
+func EtcdBinary(release string) (string, error) {
 	return cachedBinary("etcd", release, etcdRelease, func(ctx context.Context, tmp, out string) error {
 		for _, args := range [][]string{
 			{"mod", "init", "etcd-for-ha-tests"},
@@ -38,14 +40,14 @@ func etcdRelease(bin string) (string, error) {
 	return "v" + v, err
 }
 
-// startEtcd starts the etcd at bin with its data and log in dir, and
+// StartEtcd starts the etcd at bin with its data and log in dir, and
 // returns its client URL once it is healthy and reports release.
-func startEtcd(bin, release, dir string) (string, *process, error) {
-	cport, err := freePort()
+func StartEtcd(bin, release, dir string) (string, *Process, error) {
+	cport, err := FreePort()
 	if err != nil {
 		return "", nil, err
 	}
-	pport, err := freePort()
+	pport, err := FreePort()
 	if err != nil {
 		return "", nil, err
 	}
@@ -78,7 +80,7 @@ func startEtcd(bin, release, dir string) (string, *process, error) {
 		err = fmt.Errorf("%s serves etcd %s, not %s", bin, version.Etcdserver, release)
 	}
 	if err != nil {
-		p.stop()
+		p.Stop()
 		return "", nil, fmt.Errorf("etcd: %w", err)
 	}
 	return client, p, nil

@@ -1,9 +1,9 @@
-// Building the servers the tests run against: a binary per release, built
-// once with the go command from the Go module proxy into the user cache
-// directory, under a file lock, and kept only once it runs and reports that
-// release. ha's tests keep their etcd the same way, at the same path.
+// Building the servers: a binary per release, built once with the go
+// command from the Go module proxy into the user cache directory, under a
+// file lock, and kept only once it runs and reports that release. ha's
+// tests keep their etcd the same way, at the same path.
 
-package kube
+package kubetest
 
 import (
 	"context"
@@ -52,10 +52,11 @@ func cachedBinary(name, release string, releaseOf func(bin string) (string, erro
 		return "", err
 	}
 	defer os.RemoveAll(tmp)
-	fmt.Fprintf(os.Stderr, "kube tests: building %s %s from the Go module proxy into %s (once)\n", name, release, bin)
+	fmt.Fprintf(os.Stderr, "kubetest: building %s %s from the Go module proxy into %s (once)\n", name, release, bin)
 	start := time.Now()
 	// Generous: a cold build of kube-apiserver takes about five minutes
-	// on two cores. It runs before the tests' -timeout starts counting.
+	// on two cores (half an hour under load). The tests build before
+	// their -timeout starts counting.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	built := filepath.Join(tmp, name)
@@ -68,12 +69,12 @@ func cachedBinary(name, release string, releaseOf func(bin string) (string, erro
 	if err := os.Rename(built, bin); err != nil {
 		return "", err
 	}
-	fmt.Fprintf(os.Stderr, "kube tests: built %s %s in %v\n", name, release, time.Since(start).Round(time.Second))
+	fmt.Fprintf(os.Stderr, "kubetest: built %s %s in %v\n", name, release, time.Since(start).Round(time.Second))
 	return bin, nil
 }
 
 // goIn runs the go command in dir for the host's platform, whatever the
-// environment sets for the tests, in module mode of its own (the build
+// environment sets for the caller, in module mode of its own (the build
 // modules are not part of this one, nor of any workspace), and returns its
 // standard output. No C toolchain is needed, as for the projects' own
 // release builds of these servers.
@@ -133,8 +134,8 @@ func lockFile(path string) (unlock func(), err error) {
 	return func() { f.Close() }, nil // closing the file drops the lock
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

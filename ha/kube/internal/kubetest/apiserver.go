@@ -1,9 +1,9 @@
-// The kube-apiserver the tests run against: a pinned Kubernetes release
-// built from the Go module proxy (k8s.io/kubernetes, with its staging
-// modules at their published versions), cached per release, and started
-// with RBAC and static tokens for an administrator and for the replicas.
+// The kube-apiserver: a pinned Kubernetes release built from the Go
+// module proxy (k8s.io/kubernetes, with its staging modules at their
+// published versions), cached per release, and started with RBAC and
+// static tokens for an administrator and for the replicas.
 
-package kube
+package kubetest
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -24,37 +23,28 @@ import (
 	"time"
 )
 
-// currentKube is the Kubernetes release the tests run against by default.
-const currentKube = "v1.36.3"
-
-var kubeVersion = flag.String("kube.version", "", "the Kubernetes release whose kube-apiserver to test against, e.g. "+currentKube+"; built from the Go module proxy into the user cache directory once (default: $"+kubeVersionEnv+", else "+currentKube+")")
-
-// kubeVersionEnv names the release to test against when -kube.version is
-// not given.
-const kubeVersionEnv = "HA_KUBE_VERSION"
+// CurrentKube is the Kubernetes release whose kube-apiserver runs by
+// default.
+const CurrentKube = "v1.36.3"
 
 var kubeReleasePattern = regexp.MustCompile(`^v1\.([0-9]+)\.[0-9]+$`)
 
-// wantedKube returns the release -kube.version, $HA_KUBE_VERSION or
-// currentKube names, checked: the build maps v1.N.P to the staging modules'
+// CheckRelease tells why release is no Kubernetes release the build can
+// make, or returns nil: the build maps v1.N.P to the staging modules'
 // v0.N.P, so only a v1 release will do.
-func wantedKube() (string, error) {
-	release, from := *kubeVersion, "-kube.version"
-	if release == "" {
-		release, from = os.Getenv(kubeVersionEnv), "$"+kubeVersionEnv
-	}
-	if release == "" {
-		return currentKube, nil
-	}
+func CheckRelease(release string) error {
 	if !kubeReleasePattern.MatchString(release) {
-		return "", fmt.Errorf("%s=%q: want a Kubernetes release such as %s", from, release, currentKube)
+		return fmt.Errorf("%q: want a Kubernetes release such as %s", release, CurrentKube)
 	}
-	return release, nil
+	return nil
 }
 
-// apiServerBinary returns the cached kube-apiserver of release, built
-// first if need be.
-func apiServerBinary(release string) (string, error) {
+// APIServerBinary returns the cached kube-apiserver of release
+// ("v1.36.3"), built first if need be: minutes the first time.
+func APIServerBinary(release string) (string, error) {
+	if err := CheckRelease(release); err != nil {
+		return "", err
+	}
 	return cachedBinary("kube-apiserver", release, apiServerRelease, func(ctx context.Context, tmp, out string) error {
 		return buildAPIServer(ctx, release, tmp, out)
 	})
@@ -132,13 +122,14 @@ func main() {
 	return err
 }
 
-// apiServer is a running kube-apiserver.
-type apiServer struct {
-	url          string // https://127.0.0.1:<port>
-	caFile       string // the CA of its self-signed serving certificate
-	adminToken   string // user admin, group system:masters
-	replicaToken string // the ServiceAccount of deploy/rbac.yaml
-	proc         *process
+// APIServer is a running kube-apiserver. Its fields are set by
+// StartAPIServer and never change.
+type APIServer struct {
+	URL          string // https://127.0.0.1:<port>
+	CAFile       string // the CA of its self-signed serving certificate
+	AdminToken   string // user admin, group system:masters
+	ReplicaToken string // the ServiceAccount of deploy/rbac.yaml
+	Proc         *Process
 }
 
 // The replicas' identity: the username and groups Kubernetes gives a pod
@@ -146,32 +137,32 @@ type apiServer struct {
 // subject deploy/rbac.yaml binds. A static token stands in for the
 // ServiceAccount's own token, which needs a controller-manager to issue.
 const (
-	replicaNamespace = "my-service"
-	replicaUser      = "system:serviceaccount:" + replicaNamespace + ":my-service"
-	replicaGroups    = "system:serviceaccounts,system:serviceaccounts:" + replicaNamespace
+	ReplicaNamespace = "my-service"
+	ReplicaUser      = "system:serviceaccount:" + ReplicaNamespace + ":my-service"
+	replicaGroups    = "system:serviceaccounts,system:serviceaccounts:" + ReplicaNamespace
 )
 
-// startAPIServer starts the kube-apiserver at bin against the etcd at
-// etcdURL, with its files in dir and the flags extra added to the
-// tests' own, and returns once it is ready and reports release.
-func startAPIServer(bin, release, etcdURL, dir string, extra ...string) (*apiServer, error) {
+// StartAPIServer starts the kube-apiserver at bin against the etcd at
+// etcdURL, with its files in dir and the flags extra added to its own,
+// and returns once it is ready and reports release.
+func StartAPIServer(bin, release, etcdURL, dir string, extra ...string) (*APIServer, error) {
 	saKey, err := writeRSAKey(filepath.Join(dir, "service-account.key"))
 	if err != nil {
 		return nil, err
 	}
-	s := &apiServer{adminToken: randomToken(), replicaToken: randomToken()}
+	s := &APIServer{AdminToken: rand.Text(), ReplicaToken: rand.Text()}
 	tokens := filepath.Join(dir, "tokens.csv") // token,user,uid,"group,..."
-	csv := fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,%s,replica,\"%s\"\n", s.adminToken, s.replicaToken, replicaUser, replicaGroups)
+	csv := fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,%s,replica,\"%s\"\n", s.AdminToken, s.ReplicaToken, ReplicaUser, replicaGroups)
 	if err := os.WriteFile(tokens, []byte(csv), 0o600); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
 	certDir := filepath.Join(dir, "certs")
-	s.url = fmt.Sprintf("https://127.0.0.1:%d", port)
-	s.caFile = filepath.Join(certDir, "apiserver.crt") // the serving certificate and its CA, written at start
+	s.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	s.CAFile = filepath.Join(certDir, "apiserver.crt") // the serving certificate and its CA, written at start
 	args := append([]string{
 		"--etcd-servers", etcdURL,
 		"--cert-dir", certDir,
@@ -184,13 +175,13 @@ func startAPIServer(bin, release, etcdURL, dir string, extra ...string) (*apiSer
 		"--authorization-mode", "Node,RBAC",
 		"--token-auth-file", tokens,
 		"--service-cluster-ip-range", "10.0.0.0/24"}, extra...)
-	s.proc, err = startProcess(bin, filepath.Join(dir, "kube-apiserver.log"), "", args...)
+	s.Proc, err = startProcess(bin, filepath.Join(dir, "kube-apiserver.log"), "", args...)
 	if err != nil {
 		return nil, err
 	}
 	var version struct{ GitVersion string }
 	var hc *http.Client
-	err = s.proc.waitFor(60*time.Second, func() error {
+	err = s.Proc.waitFor(60*time.Second, func() error {
 		if hc == nil {
 			// The certificate is there once the server listens.
 			c, err := s.httpClient()
@@ -211,33 +202,33 @@ func startAPIServer(bin, release, etcdURL, dir string, extra ...string) (*apiSer
 		err = fmt.Errorf("%s serves Kubernetes %s, not %s", bin, version.GitVersion, release)
 	}
 	if err != nil {
-		s.proc.stop()
+		s.Proc.Stop()
 		return nil, fmt.Errorf("kube-apiserver: %w", err)
 	}
 	return s, nil
 }
 
 // httpClient returns a client that trusts the server's CA alone.
-func (s *apiServer) httpClient() (*http.Client, error) {
-	ca, err := os.ReadFile(s.caFile)
+func (s *APIServer) httpClient() (*http.Client, error) {
+	ca, err := os.ReadFile(s.CAFile)
 	if err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("no certificate in %s", s.caFile)
+		return nil, fmt.Errorf("no certificate in %s", s.CAFile)
 	}
 	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
 }
 
 // getAsAdmin GETs path with the administrator's token and decodes the
 // JSON answer into v when it is not nil.
-func (s *apiServer) getAsAdmin(hc *http.Client, path string, v any) error {
-	req, err := http.NewRequest(http.MethodGet, s.url+path, nil)
+func (s *APIServer) getAsAdmin(hc *http.Client, path string, v any) error {
+	req, err := http.NewRequest(http.MethodGet, s.URL+path, nil)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+s.adminToken)
+	req.Header.Set("Authorization", "Bearer "+s.AdminToken)
 	resp, err := hc.Do(req)
 	if err != nil {
 		return err
@@ -262,5 +253,3 @@ func writeRSAKey(path string) (string, error) {
 	block := &pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}
 	return path, os.WriteFile(path, pem.EncodeToMemory(block), 0o600)
 }
-
-func randomToken() string { return rand.Text() }
