@@ -101,6 +101,13 @@ func TestBackendWritesFromTheFeedsVersion(t *testing.T) {
 	if _, _, err := other.claim(t.Context(), so.id, names[2:3]); err != nil {
 		t.Fatal(err)
 	}
+	// Once r0's feed brought that write, it brings nothing more of bucket
+	// 0 that could replace the stale version set below.
+	latest := other.known(0).lease
+	waitFor(t, 5*time.Second, "r0's feed brings r1's second write of bucket 0", func() bool {
+		k := a.known(0)
+		return k != nil && k.lease != nil && rvOf(k.lease) >= rvOf(latest)
+	})
 	a.mu.Lock()
 	a.buckets[0] = known{lease: theirs}
 	a.mu.Unlock()
