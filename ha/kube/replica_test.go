@@ -35,10 +35,13 @@ type runs struct {
 	// claims is, for each name, the Claim of each of its DoFunc runs, in
 	// the order they started (ClaimFrom).
 	claims map[string][]ha.Claim
+	// began is, for each name, when each of its runs started, in order.
+	began map[string][]time.Time
 }
 
 func newRuns() *runs {
-	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{}}
+	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{},
+		began: map[string][]time.Time{}}
 }
 
 func (r *runs) begin(replica, name string) {
@@ -46,6 +49,7 @@ func (r *runs) begin(replica, name string) {
 	defer r.mu.Unlock()
 	r.active[name]++
 	r.starts++
+	r.began[name] = append(r.began[name], time.Now())
 	if r.active[name] > 1 {
 		r.overlaps++
 	}
@@ -188,13 +192,21 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 // each runs.
 func (g *kubeReplicas) waitPlaced(what string, limit time.Duration, on ...string) (time.Duration, map[string]string) {
 	g.t.Helper()
+	return g.runs.waitPlaced(g.t, g.names, what, limit, on...)
+}
+
+// waitPlaced waits, within limit, until every name of names runs on
+// exactly one replica, all of them among on, and returns how long it took
+// and where each runs.
+func (r *runs) waitPlaced(t testing.TB, names []string, what string, limit time.Duration, on ...string) (time.Duration, map[string]string) {
+	t.Helper()
 	start := time.Now()
 	ok := map[string]bool{}
 	for _, id := range on {
 		ok[id] = true
 	}
 	for {
-		where, all := g.runs.placement(g.names)
+		where, all := r.placement(names)
 		if all {
 			good := true
 			for _, id := range where {
@@ -205,10 +217,26 @@ func (g *kubeReplicas) waitPlaced(what string, limit time.Duration, on ...string
 			}
 		}
 		if time.Since(start) > limit {
-			g.t.Fatalf("%s: after %v, names run %v; want each on exactly one of %v", what, limit, where, on)
+			t.Fatalf("%s: after %v, names run %v; want each on exactly one of %v", what, limit, where, on)
 		}
 		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
 	}
+}
+
+// firstStartSince returns the earliest start of a run of any of names at
+// or after since, and whether there was one.
+func (r *runs) firstStartSince(names []string, since time.Time) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first time.Time
+	for _, n := range names {
+		for _, at := range r.began[n] {
+			if !at.Before(since) && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // checkTokens checks what ClaimFrom gave every run: the name, its bucket
