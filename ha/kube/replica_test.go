@@ -136,6 +136,9 @@ type kubeReplicas struct {
 	runs  *runs
 	cuts  map[string]*cut
 	rs    map[string]*ha.Replica
+	// params returns the controller of name on replica id, made as r;
+	// the recorder's own (runs.params) if nil. Set before the first join.
+	params func(r *ha.Replica, id, name string) controller.ControllerParams
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
@@ -174,7 +177,11 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 		g.t.Fatalf("New(%s): %v", id, err)
 	}
 	for _, n := range g.names {
-		if err := r.UpdateController(n, g.runs.params(id, n)); err != nil {
+		p := g.runs.params(id, n)
+		if g.params != nil {
+			p = g.params(r, id, n)
+		}
+		if err := r.UpdateController(n, p); err != nil {
 			g.t.Fatalf("UpdateController(%s, %s): %v", id, n, err)
 		}
 	}
