@@ -36,11 +36,13 @@ type runs struct {
 	// claims is, for each name, the Claim of each of its DoFunc runs, in
 	// the order they started (ClaimFrom).
 	claims map[string][]ha.Claim
-	last   map[string]time.Time // when each name's latest run started
+	// began is, for each name, when each of its runs started, in order.
+	began map[string][]time.Time
 }
 
 func newRuns() *runs {
-	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{}, last: map[string]time.Time{}}
+	return &runs{active: map[string]int{}, where: map[string]string{}, claims: map[string][]ha.Claim{},
+		began: map[string][]time.Time{}}
 }
 
 func (r *runs) begin(replica, name string) {
@@ -48,7 +50,7 @@ func (r *runs) begin(replica, name string) {
 	defer r.mu.Unlock()
 	r.active[name]++
 	r.starts++
-	r.last[name] = time.Now()
+	r.began[name] = append(r.began[name], time.Now())
 	if r.active[name] > 1 {
 		r.overlaps++
 	}
@@ -96,10 +98,11 @@ func (r *runs) startedBetween(names []string, from time.Time) (first, last time.
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, nm := range names {
-		at := r.last[nm]
-		if !at.After(from) {
+		bs := r.began[nm]
+		if len(bs) == 0 || !bs[len(bs)-1].After(from) {
 			continue
 		}
+		at := bs[len(bs)-1]
 		n++
 		if first.IsZero() || at.Before(first) {
 			first = at
@@ -174,6 +177,9 @@ type kubeReplicas struct {
 	// Store's (16 if 0): set before join.
 	ttl     time.Duration
 	buckets int
+	// params returns the controller of name on replica id, made as r;
+	// the recorder's own (runs.params) if nil. Set before the first join.
+	params func(r *ha.Replica, id, name string) controller.ControllerParams
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
@@ -212,7 +218,11 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 		g.t.Fatalf("New(%s): %v", id, err)
 	}
 	for _, n := range g.names {
-		if err := r.UpdateController(n, g.runs.params(id, n)); err != nil {
+		p := g.runs.params(id, n)
+		if g.params != nil {
+			p = g.params(r, id, n)
+		}
+		if err := r.UpdateController(n, p); err != nil {
 			g.t.Fatalf("UpdateController(%s, %s): %v", id, n, err)
 		}
 	}
@@ -230,13 +240,21 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 // each runs.
 func (g *kubeReplicas) waitPlaced(what string, limit time.Duration, on ...string) (time.Duration, map[string]string) {
 	g.t.Helper()
+	return g.runs.waitPlaced(g.t, g.names, what, limit, on...)
+}
+
+// waitPlaced waits, within limit, until every name of names runs on
+// exactly one replica, all of them among on, and returns how long it took
+// and where each runs.
+func (r *runs) waitPlaced(t testing.TB, names []string, what string, limit time.Duration, on ...string) (time.Duration, map[string]string) {
+	t.Helper()
 	start := time.Now()
 	ok := map[string]bool{}
 	for _, id := range on {
 		ok[id] = true
 	}
 	for {
-		where, all := g.runs.placement(g.names)
+		where, all := r.placement(names)
 		if all {
 			good := true
 			for _, id := range where {
@@ -247,10 +265,26 @@ func (g *kubeReplicas) waitPlaced(what string, limit time.Duration, on ...string
 			}
 		}
 		if time.Since(start) > limit {
-			g.t.Fatalf("%s: after %v, names run %v; want each on exactly one of %v", what, limit, where, on)
+			t.Fatalf("%s: after %v, names run %v; want each on exactly one of %v", what, limit, where, on)
 		}
 		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
 	}
+}
+
+// firstStartSince returns the earliest start of a run of any of names at
+// or after since, and whether there was one.
+func (r *runs) firstStartSince(names []string, since time.Time) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first time.Time
+	for _, n := range names {
+		for _, at := range r.began[n] {
+			if !at.Before(since) && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // checkTokens checks what ClaimFrom gave every run: the name, its bucket
