@@ -391,3 +391,48 @@ func TestReviewLateRenewalCountsFromItsCommit(t *testing.T) {
 		t.Errorf("renew after the late renewal and the end: %v, want errSessionEnded", err)
 	}
 }
+
+// A renewal the server applies after its client gave up on it is the
+// session's own write: its next write, refused for that version, reads
+// the Lease, finds it still the session's and unmarked, and goes on from
+// it, so the session lives on (a Leave's leaving mark after a cancelled
+// renewal used to lose it, and the Leave with it). A version that carries
+// the session's end mark is not gone on from: the session is lost.
+func TestReviewLateRenewalIsTheSessionsOwn(t *testing.T) {
+	late := &lateRenewals{delay: testD / 20, sent: make(chan time.Time, 1), answered: make(chan error, 1)}
+	a := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { late.rt = rt; return late })
+	ctx := t.Context()
+	sa := beginOn(t, a)
+	late.armed.Store(true)
+	if _, err := a.renew(ctx, sa.id); err == nil || errors.Is(err, errSessionEnded) {
+		t.Fatalf("the renewal given up on: %v; want a transient error", err)
+	}
+	<-late.sent
+	if err := <-late.answered; err != nil {
+		t.Fatalf("the late renewal: %v", err)
+	}
+	if written, err := a.putMember(ctx, sa.id, "digest", true); err != nil || !written {
+		t.Fatalf("putMember after a late renewal landed: %v, %v; want written, the session its own", written, err)
+	}
+	if _, err := a.renew(ctx, sa.id); err != nil {
+		t.Fatalf("renew after: %v", err)
+	}
+	if got := memberAnnotationNow(t, kubeStore{g: a.g}, "r0"); !strings.Contains(got, "(leaving)") {
+		t.Errorf("member record %q; want it marked leaving", got)
+	}
+
+	// An end mark whose answer was lost, but which landed: nothing goes
+	// on past it.
+	s := a.live(sa.id)
+	late.armed.Store(true)
+	if err := s.markEnded(ctx); err == nil {
+		t.Fatalf("the mark given up on answered nil")
+	}
+	<-late.sent
+	if err := <-late.answered; err != nil {
+		t.Fatalf("the late mark: %v", err)
+	}
+	if _, err := a.renew(ctx, sa.id); !errors.Is(err, errSessionEnded) {
+		t.Errorf("renew after the session's end mark landed: %v, want errSessionEnded", err)
+	}
+}

@@ -272,6 +272,11 @@ type session struct {
 	lease *coordinationv1.Lease // guarded by mu: the member Lease as the session's last successful write left it
 	state sessionState          // guarded by mu
 	valid time.Time             // guarded by mu: validUntil of the session's last successful write (sent + D)
+	// unsure is true when the session's last write got no answer (a
+	// timeout, a cancelled context, a broken connection): the server may
+	// have applied it, and lease is then behind the stored version.
+	// Guarded by mu.
+	unsure bool
 }
 
 // begin starts a session of member id: it creates the member Lease, and
@@ -397,16 +402,64 @@ func (s *session) updateLocked(ctx context.Context, edit func(*coordinationv1.Le
 	sent := time.Now()
 	next.Spec.RenewTime = &metav1.MicroTime{Time: sent} // for people; nobody's safety reads it
 	got, err := s.g.renewals.Update(ctx, next, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) && s.unsure {
+		// The write before may have landed after its client gave up:
+		// if the stored version is that write's, go on from it, once.
+		var ok bool
+		if ok, err = s.catchUpLocked(ctx); err != nil {
+			return time.Time{}, fmt.Errorf("kube: renewing %s: %w", s.name, err)
+		}
+		if ok {
+			next = s.lease.DeepCopy()
+			if edit != nil {
+				edit(next)
+			}
+			recordCreated(next)
+			sent = time.Now()
+			next.Spec.RenewTime = &metav1.MicroTime{Time: sent}
+			got, err = s.g.renewals.Update(ctx, next, metav1.UpdateOptions{})
+		} else {
+			err = apierrors.NewConflict(coordinationv1.Resource("leases"), s.name, errors.New("written by someone else since the session's last write"))
+		}
+	}
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		s.state = sessionLost
+		s.state, s.unsure = sessionLost, false
 		return time.Time{}, fmt.Errorf("%w: %s: %v", errSessionLost, s.name, err)
 	}
 	if err != nil {
+		s.unsure = true
 		return time.Time{}, fmt.Errorf("kube: renewing %s: %w", s.name, err)
 	}
-	s.lease = got
+	s.lease, s.unsure = got, false
 	s.valid = sent.Add(s.g.duration)
 	return s.valid, nil
+}
+
+// catchUpLocked reads the member Lease after a write refused for a
+// version the session does not know, when its previous write got no
+// answer (unsure), and takes the stored version as the session's own
+// (ok) only if that unanswered write can be what made it: the same
+// object (UID), still the session's (holderIdentity), and no end written
+// into it (endedAnnotation: a mark, once stored, ends the session for
+// every observer, so a session must never write on past it). Anyone
+// else's write, a deletion, or a mark leaves ok false: the session is
+// lost. The session's validity is left as its last answered write set
+// it: the unanswered one's send time is not known, and an observer counts
+// from when it saw that version, later. s.mu held.
+func (s *session) catchUpLocked(ctx context.Context) (ok bool, err error) {
+	cur, err := s.g.renewals.Get(ctx, s.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, marked := cur.Annotations[endedAnnotation]
+	if cur.UID != s.lease.UID || cur.Spec.HolderIdentity == nil || *cur.Spec.HolderIdentity != s.identity || marked {
+		return false, nil
+	}
+	s.lease = cur
+	return true, nil
 }
 
 // markEnded writes the session's end into its member Lease
