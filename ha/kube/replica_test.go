@@ -321,6 +321,7 @@ func (g *kubeReplicas) checkTokens() {
 // others once its session ended, a leaving one's at once, and no name
 // ever runs twice at once.
 func TestReplicasOnKubernetesSpreadCrashAndLeave(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	g := newKubeReplicas(t, 60)
 	for _, id := range []string{"a", "b", "c"} {
 		g.join(id)
@@ -371,6 +372,7 @@ func TestReplicasOnKubernetesSpreadCrashAndLeave(t *testing.T) {
 // and, healed, it joins again and gets a share back; no name ever runs
 // twice at once.
 func TestReplicaOnKubernetesPartitioned(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	g := newKubeReplicas(t, 60)
 	for _, id := range []string{"a", "b", "c"} {
 		g.join(id)

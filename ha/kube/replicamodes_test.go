@@ -19,6 +19,7 @@ import (
 // GroupStatus reads every member's session from the observers' stamps,
 // and the health handler answers 200 on a member.
 func TestReplicasOnKubernetesLeader(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	g := newKubeReplicas(t, 20)
 	g.mode = ha.Leader
 	g.join("a")

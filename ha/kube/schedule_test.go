@@ -36,6 +36,7 @@ const leaveLimit = 10 * time.Second
 // TTL; a partition cuts a replica off until a heal; a Leave must return
 // within its context. The log names the seed.
 func TestRandomScheduleOnKubernetes(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	seed := *kubeScheduleSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())

@@ -18,6 +18,7 @@ import (
 // five Margins whatever their context says, must not run past the moment
 // the other replica may start the names.
 func TestStopFuncAfterAFencePassOnKubernetes(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	for _, tc := range []struct {
 		name    string
 		stopFor time.Duration // how long a StopFunc works, its context notwithstanding
