@@ -180,3 +180,35 @@ func TestSeamClaimThroughRequestOutlivesOneTimeout(t *testing.T) {
 		t.Errorf("the Claim took %v, within one request timeout (%v): the test shows nothing", d, timeout)
 	}
 }
+
+// ClaimFrom's Token is scoped by the name, not by Key (ha.Claim): two
+// names of one bucket share its Lease as their Key, and the holding of
+// the one claimed later carries the higher token while the other's still
+// lasts, so a store that kept the highest token per Key would refuse the
+// first holder's writes. A name's own tokens grow from holding to
+// holding.
+func TestSeamTokensAreScopedByName(t *testing.T) {
+	c := needCluster(t)
+	g := newTestGroup(t, c, 1, nil)
+	a, sa := begunIn(t, g, "r0", "d")
+	b, sb := begunIn(t, g, "r1", "d")
+	claim := func(st seam, id sessionID, name string) ha.Claim {
+		t.Helper()
+		got, _, err := st.Claim(t.Context(), ha.SessionID(id), []string{name})
+		if err != nil || len(got) != 1 || !got[0].Mine {
+			t.Fatalf("Claim(%s) = %+v, %v; want it held", name, got, err)
+		}
+		return ha.Claim{Name: got[0].Name, Key: got[0].Key, Revision: got[0].Revision, Token: got[0].Token}
+	}
+	x := claim(seam{a}, sa.id, "x")
+	y := claim(seam{b}, sb.id, "y")
+	if x.Key != y.Key || y.Token <= x.Token {
+		t.Errorf("x %+v and y %+v, one bucket's: want one Key, y's token above x's", x, y)
+	}
+	if err := (seam{a}).Release(t.Context(), x); err != nil {
+		t.Fatal(err)
+	}
+	if x2 := claim(seam{b}, sb.id, "x"); x2.Token <= x.Token {
+		t.Errorf("x held anew with token %d after %d; want it to grow", x2.Token, x.Token)
+	}
+}
