@@ -56,9 +56,10 @@ type Backend interface {
 	// Request returns the context of one request that the store's
 	// authority must answer (a write, a linearizable read), or one the
 	// replica's listings send (a serializable page at a revision already
-	// read), bounded by Options.RequestTimeout and by parent. On etcd it also requires a
-	// leader, so that a member cut off from its peers fails it at once
-	// and the client tries another.
+	// read), bounded by Options.RequestTimeout and by parent: a call
+	// made with it whose answer never comes fails, for the replica to try
+	// again. On etcd it also requires a leader, so that a member cut off
+	// from its peers fails it at once and the client tries another.
 	Request(parent context.Context) (context.Context, context.CancelFunc)
 
 	// Begin starts a session of at least ttl and writes this replica's
@@ -67,8 +68,8 @@ type Backend interface {
 	// session (0: none), it is moved to the new session, only while it is
 	// still under prev. Any other session's record fails begin with an
 	// error wrapping ErrDuplicateID. The new session is valid until at
-	// least session.sent + ttl: sent is taken before the request that
-	// started it. On an error no session is left: begin ends the one it
+	// least Session.Sent + ttl: Sent is taken before the request that
+	// started it. On an error no session is left: Begin ends the one it
 	// started, best effort. Each of its requests is bounded as Request's
 	// are, and by ctx.
 	Begin(ctx context.Context, prev SessionID, ttl time.Duration, digest string) (Session, error)
@@ -114,10 +115,18 @@ type Backend interface {
 	// were free while others were not, to claim again. No holding is ever
 	// made, or found id's, under a session that has ended: a store that
 	// keeps an ended session's holdings until someone takes them over
-	// answers ErrSessionEnded, or treats them as free. A request the
-	// store refuses as too many names fails with errTooManyOps, one too
-	// large with errTooLarge (wrapped): the caller halves the batch. ctx bounds it; the caller makes it with
-	// request.
+	// answers ErrSessionEnded, or treats them as free. A holding's
+	// Revision is the position the feed and List give it as Created: the
+	// replica takes a running name's holding whose Created differs as
+	// lost. A store that keeps names in several records (Kubernetes'
+	// buckets) may claim each record's names on their own, a write per
+	// record, each all or nothing, and answer the outcome of each. A
+	// request the store refuses as too many names fails with
+	// ErrTooManyOps, one too large with ErrTooLarge (wrapped): the
+	// caller halves the batch. ctx bounds it; the caller makes it with
+	// Request, and a backend whose Claim is a write per record may bound
+	// each write by Options.RequestTimeout instead of the whole call,
+	// within ctx's cancellation.
 	Claim(ctx context.Context, id SessionID, names []string) (got []Claimed, absent []string, err error)
 
 	// ClaimCost is what one name adds to Claim's request, in bytes,

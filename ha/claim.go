@@ -20,20 +20,24 @@ import (
 // never come from a former holder carries the claim as its guard: on
 // etcd, a transaction guarded by [Claim.Held], which etcd refuses once
 // the holding is gone or the name held anew; elsewhere, the Token, which
-// an external store compares with the highest it has seen for Key and
+// an external store compares with the highest it has seen for Name and
 // refuses when lower.
 type Claim struct {
 	// Name is the name held.
 	Name string
-	// Key is the store's record the holding lives in, the scope of
-	// Token: on etcd the claim key, <Prefix>/claims/<name>.
+	// Key is the store's record the holding lives in: on etcd the claim
+	// key, <Prefix>/claims/<name>, one per name; on Kubernetes the
+	// name's bucket Lease, which other names share. A store may keep
+	// several names in one record, so Key is not Token's scope.
 	Key string
 	// Revision is the store's position that created the holding: it
 	// changes with every new holding, by this replica or another.
 	Revision int64
 	// Token only grows from one holding of the name to the next, across
 	// replicas: a write carrying a lower token than one already seen
-	// for Key comes from a former holder. On etcd it is Revision.
+	// for the name comes from a former holder. It says nothing across
+	// names: another name's holding may carry a higher token while this
+	// one lasts. On etcd it is Revision.
 	Token int64
 }
 

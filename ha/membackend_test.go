@@ -36,6 +36,11 @@ type memStore struct {
 	// counts the Claims that reached the store; guarded by mu.
 	claimLimit int
 	claimCalls int
+	// claimMax, if not 0, is the names one Claim may carry, fewer than
+	// ClaimLimits declares: a Claim of more fails with ErrTooManyOps
+	// before the store acts, as etcd started with a lower --max-txn-ops
+	// answers. Set before any replica is made.
+	claimMax int
 }
 
 // memLease is one session as the store has it.
@@ -366,6 +371,9 @@ func (b *memBackend) Claim(ctx context.Context, id SessionID, names []string) (g
 	err = b.st.call(ctx, b.id, "claim", func(time.Time) error {
 		b.st.claimCalls++
 		got, absent = nil, nil
+		if b.st.claimMax != 0 && len(names) > b.st.claimMax {
+			return fmt.Errorf("%w: %d names, at most %d", ErrTooManyOps, len(names), b.st.claimMax)
+		}
 		if err := b.st.liveLocked(id); err != nil {
 			return err
 		}

@@ -298,3 +298,17 @@ func TestMemReplicaClaimsInBatchesAsLargeAsTheBackendTakes(t *testing.T) {
 		}
 	})
 }
+
+// A store that takes fewer names in one Claim than its backend declares
+// refuses the first batches; the replica halves them until they pass, and
+// every name queued while the loop's step filled the batches is claimed,
+// the step's last, short batch included.
+func TestMemReplicaClaimsEveryNameWhenTheStoreTakesFewerThanDeclared(t *testing.T) {
+	runMemGroup(t, 2003, func(t *testing.T, g *memGroup) {
+		g.st.claimLimit, g.st.claimMax = 1000, 300
+		g.join("r0")
+		g.waitPlacement(g.want("r0"), 10*time.Second)
+		g.join("r1")
+		g.waitPlacement(g.want("r0", "r1"), 10*time.Second)
+	})
+}

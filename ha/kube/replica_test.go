@@ -180,6 +180,9 @@ type kubeReplicas struct {
 	// params returns the controller of name on replica id, made as r;
 	// the recorder's own (runs.params) if nil. Set before the first join.
 	params func(r *ha.Replica, id, name string) controller.ControllerParams
+	// holes are the black holes some replicas reach the API server
+	// through, by ID: set before their join.
+	holes map[string]*blackHole
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
@@ -207,6 +210,9 @@ func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
 func (g *kubeReplicas) join(id string) *ha.Replica {
 	g.t.Helper()
 	cfg := replicaConfig(g.c, nil)
+	if h := g.holes[id]; h != nil {
+		cfg.Host = "https://" + h.addr()
+	}
 	ct := &cut{}
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { ct.rt = rt; return ct }
 	log := logrus.New()
@@ -406,4 +412,38 @@ func TestReplicaOnKubernetesPartitioned(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
 	}
+}
+
+// A replica whose requests go unanswered (a black hole: its connections
+// stay open, no byte crosses) stops its names by its fence, which counts
+// from each renewal's send, though no request of its fails; the others
+// start them only once their observers count its session ended, and,
+// healed, it gets a share back; no name ever runs twice at once.
+func TestReplicaOnKubernetesBlackHoled(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
+	g := newKubeReplicas(t, 60)
+	g.holes = map[string]*blackHole{"b": newBlackHole(t, strings.TrimPrefix(g.c.api.url, "https://"))}
+	for _, id := range []string{"a", "b", "c"} {
+		g.join(id)
+	}
+	g.waitPlaced("three replicas placing", 30*time.Second, "a", "b", "c")
+
+	g.holes["b"].cut()
+	cutAt := time.Now()
+	g.waitPlaced("after b was black-holed", replicaTTL+20*time.Second, "a", "c")
+	if since := time.Since(cutAt); since < replicaTTL-time.Second {
+		t.Errorf("b's names ran elsewhere %v after the cut, before its session of %v could have ended", since, replicaTTL)
+	}
+	t.Logf("b black-holed: its names run elsewhere %v later (D = %v)", time.Since(cutAt), replicaTTL)
+
+	g.holes["b"].heal()
+	healed := time.Now()
+	for g.runs.on("b") == 0 {
+		if time.Since(healed) > 60*time.Second {
+			t.Fatalf("60s after the heal b runs no name; want a share back")
+		}
+		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
+	}
+	g.waitPlaced("b healed", 30*time.Second, "a", "b", "c")
+	t.Logf("healed: b runs %d names again %v later", g.runs.on("b"), time.Since(healed))
 }

@@ -16,26 +16,37 @@ import (
 // In Leader mode every name runs on the oldest live member, by the
 // position its member Lease was created at; when it crashes the next
 // oldest takes everything, and a replica that joins later moves nothing.
-// GroupStatus reads every member's session from the observers' stamps,
-// and the health handler answers 200 on a member.
+// The replicas join against the order of their IDs (c, b, a), which
+// break ties: a store whose positions failed to tell the members' ages
+// apart would elect a. GroupStatus reads every member's session from
+// the observers' stamps, and the health handler answers 200 on a member.
 func TestReplicasOnKubernetesLeader(t *testing.T) {
 	t.Parallel() // each in a group of its own; their waits overlap
 	g := newKubeReplicas(t, 20)
 	g.mode = ha.Leader
-	g.join("a")
-	g.waitPlaced("a alone", 30*time.Second, "a")
-	time.Sleep(100 * time.Millisecond) // a's member Lease is older than b's by a real server's time
-	g.join("b")
 	g.join("c")
-	time.Sleep(2 * time.Second) // b and c settle: a join in Leader mode moves nothing
-	g.waitPlaced("b and c joined", 10*time.Second, "a")
+	g.waitPlaced("c alone", 30*time.Second, "c")
+	time.Sleep(100 * time.Millisecond) // c's member Lease is older than b's by a real server's time
+	g.join("b")
+	time.Sleep(100 * time.Millisecond)
+	g.join("a")
+	g.runs.mu.Lock()
+	starts := g.runs.starts
+	g.runs.mu.Unlock()
+	time.Sleep(2 * time.Second) // b and a settle: a join in Leader mode moves nothing
+	g.waitPlaced("b and a joined", 10*time.Second, "c")
+	g.runs.mu.Lock()
+	if moved := g.runs.starts - starts; moved != 0 {
+		t.Errorf("%d runs started after b and a joined; want none: a join moves nothing in Leader mode", moved)
+	}
+	g.runs.mu.Unlock()
 
 	st, err := g.rs["b"].GroupStatus(context.Background())
 	if err != nil {
 		t.Errorf("GroupStatus on b: %v", err)
 	}
 	if len(st.Members) != 3 {
-		t.Errorf("b's GroupStatus shows %d members (%+v), want a, b and c", len(st.Members), st.Members)
+		t.Errorf("b's GroupStatus shows %d members (%+v), want c, b and a", len(st.Members), st.Members)
 	}
 	for _, m := range st.Members {
 		if m.Lease == "" || m.TTL == nil || time.Duration(*m.TTL) <= 0 || time.Duration(*m.TTL) > replicaTTL {
@@ -48,10 +59,10 @@ func TestReplicasOnKubernetesLeader(t *testing.T) {
 		t.Errorf("b's health: %d %s, want 200", rec.Code, rec.Body)
 	}
 
-	g.cuts["a"].off.Store(true)
+	g.cuts["c"].off.Store(true)
 	crashed := time.Now()
-	_ = g.rs["a"].Close()
-	delete(g.rs, "a")
-	g.waitPlaced("after the leader a crashed", replicaTTL+20*time.Second, "b")
-	t.Logf("a, the leader, crashed: every name runs on b, the next oldest, %v later (D = %v)", time.Since(crashed), replicaTTL)
+	_ = g.rs["c"].Close()
+	delete(g.rs, "c")
+	g.waitPlaced("after the leader c crashed", replicaTTL+20*time.Second, "b")
+	t.Logf("c, the leader, crashed: every name runs on b, the next oldest, %v later (D = %v)", time.Since(crashed), replicaTTL)
 }

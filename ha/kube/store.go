@@ -101,14 +101,21 @@ func seamErr(err error) error {
 
 func (s seam) CheckServers(ctx context.Context) { s.b.checkServers(ctx) }
 
-// Request bounds nothing itself: ha makes Claim, Release, Fetch and List
-// with it, and on Kubernetes a Claim of many names is a write for each
-// of up to 256 buckets, paced by the client's rate limiter, longer than
-// one request's timeout; each of those calls bounds each request it
-// makes by the request timeout instead.
+// Request bounds a request by the request timeout, as ha's Backend
+// says: ha reads and rewrites the member record, reads a peer's session
+// and ends an old one through it, and a call whose answer never comes
+// (a stream lost while the connection lives) must fail for ha to try
+// again. A Claim alone takes parent back (claimParent): on Kubernetes a
+// Claim of many names is a write for each of up to 256 buckets, paced
+// by the client's rate limiter, longer than one request's timeout, and
+// it bounds each of those writes by the request timeout instead.
 func (s seam) Request(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithCancel(parent)
+	return s.b.request(context.WithValue(parent, claimParent{}, parent))
 }
+
+// claimParent is the key under which Request keeps the context it was
+// given, for Claim.
+type claimParent struct{}
 
 func (s seam) Begin(ctx context.Context, prev ha.SessionID, ttl time.Duration, digest string) (ha.Session, error) {
 	got, err := s.b.begin(ctx, sessionID(prev), ttl, digest)
@@ -137,7 +144,13 @@ func (s seam) EnsureMember(ctx context.Context, id ha.SessionID, digest string) 
 	return ha.SessionID(under), found, seamErr(err)
 }
 
+// Claim bounds each bucket write by the request timeout, not the whole
+// call: it runs under the context Request was given, when ctx is one of
+// Request's.
 func (s seam) Claim(ctx context.Context, id ha.SessionID, names []string) ([]ha.Claimed, []string, error) {
+	if parent, ok := ctx.Value(claimParent{}).(context.Context); ok {
+		ctx = parent
+	}
 	got, absent, err := s.b.claim(ctx, sessionID(id), names)
 	if err != nil {
 		return nil, nil, seamErr(err)
