@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -27,10 +29,23 @@ var (
 	clusterErr  error
 )
 
+// parallelWaits is how many parallel tests run at once by default.
+const parallelWaits = 4
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if raw := os.Getenv(childEnv); raw != "" {
 		childMain(raw) // a replica process of procs_test.go; never returns
+	}
+	// The parallel tests mostly wait for leases to run out on the API
+	// server's clock, not for a CPU: run more of them at once than
+	// go test's default (GOMAXPROCS), unless -parallel says otherwise.
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		if err := flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), parallelWaits))); err != nil {
+			panic(err)
+		}
 	}
 	// Before m.Run, so that a first run's builds do not count against
 	// the tests' -timeout.

@@ -435,6 +435,7 @@ func (p *procReplicas) expect(prefix string, limit time.Duration) string {
 // fence stops its names before the last one starts them. No name runs
 // twice at once across the processes.
 func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	var names []string
 	for i := range 30 {
 		names = append(names, fmt.Sprintf("name-%03d", i))
@@ -493,6 +494,7 @@ func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
 // refuses it: the data Lease never shows its write after the new
 // holder's.
 func TestPausedReplicaProcessOnKubernetesCannotWriteThroughItsOldClaim(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
 	p := newProcReplicas(t, "job")
 	leases := p.c.admin.CoordinationV1().Leases(replicaNamespace)
 	data := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: dataLease(p.group), Namespace: replicaNamespace}}

@@ -24,6 +24,7 @@ func TestStopFuncAfterAFencePassOnKubernetes(t *testing.T) {
 		stopFor time.Duration // how long a StopFunc works, its context notwithstanding
 	}{{"StopFunc uses its Margin", replicaMargin * 9 / 10}, {"StopFunc ignores its context", 5 * replicaMargin}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each in a group of its own
 			g := newKubeReplicas(t, 8)
 			g.params = func(_ *ha.Replica, id, name string) controller.ControllerParams {
 				return g.lingeringParams(id, name, tc.stopFor)
