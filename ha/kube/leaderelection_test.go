@@ -1,5 +1,5 @@
 // What users run today: client-go's tools/leaderelection with a Lease
-// lock, measured against the tests' kube-apiserver (issue 26 item 9), so
+// lock, measured against the tests' kube-apiserver, so
 // that the backend's figures can stand beside it; and the one thing of it
 // that a test can show every run. The figures, and the command that
 // measures them, are in doc.go.
