@@ -229,9 +229,10 @@ type Backend interface {
 //     position, at: a batch without changes is progress alone.
 //
 // A feed that fails delivers one batch with err set and nothing after
-// it: the caller stops it and lists again. The feed keeps its own health
-// (etcd: progress requests, and a watch silent for longer than
-// BackendConfig.Window given up).
+// it: the caller stops it and lists again, after a delay unless err
+// wraps [ErrFeedSilent]. The feed keeps its own health (etcd: progress
+// requests, and a watch silent for longer than BackendConfig.Window given
+// up).
 type Feed interface {
 	// Batches is where the feed delivers; the caller receives from it
 	// until it stops the feed.
@@ -333,6 +334,11 @@ var (
 	ErrTooManyOps = errors.New("ha: too many names in one request for the store")
 	ErrTooLarge   = errors.New("ha: request too large for the store")
 )
+
+// ErrFeedSilent is wrapped by a feed's error when it gave up a stream
+// that told it nothing, not even progress, for BackendConfig.Window: it
+// waited long already, so the caller lists again at once.
+var ErrFeedSilent = errors.New("ha: the feed was silent for too long")
 
 // ErrSessionEnded is wrapped by a backend's error when the store no
 // longer knows a session: it expired, or was ended (by this replica or by

@@ -1,6 +1,6 @@
 // The package's own delay between a fence's deadline and a DoFunc seeing
 // its context done: exact in a bubble, and measured under load with
-// -ha.canceldelay, which is how cancelLead was chosen.
+// -canceldelay, which is how cancelLead was chosen.
 
 package ha
 
@@ -18,17 +18,16 @@ import (
 	"time"
 
 	"github.com/bgctl/controller"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-var cancelDelayRounds = flag.Int("ha.canceldelay", 0, "run TestCancelDelayMeasurement for this many rounds of 500 controllers (the documented figures: 40, under -race)")
+var cancelDelayRounds = flag.Int("canceldelay", 0, "run TestCancelDelayMeasurement for this many rounds of 500 controllers (the documented figures: 40, under -race)")
 
-// fenceReplica returns a replica that has no etcd behind it, with a fence
+// fenceReplica returns a replica on a store nothing calls, with a fence
 // that passes at deadline and names installed as running under it, each
 // with params(name). Only installLocked and the fence are exercised.
 func fenceReplica(t testing.TB, deadline time.Time, names []string, params func(name string) controller.ControllerParams) *Replica {
 	t.Helper()
-	r, err := New(Etcd(new(clientv3.Client)), Options{Prefix: "/delay", ID: "d", Logger: quietLogger()})
+	r, err := New(newMemStore(), Options{Prefix: "/delay", ID: "d", Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +36,7 @@ func fenceReplica(t testing.TB, deadline time.Time, names []string, params func(
 	r.fence = newFence(deadline)
 	for i, name := range names {
 		s := newSlot(running)
-		s.claim = Claim{Key: r.keys.claims + name, Revision: int64(i + 1)}
+		s.claim = Claim{Key: "/delay/claims/" + name, Revision: int64(i + 1)}
 		r.slots[name] = s
 		r.installLocked(name, s, params(name))
 	}
@@ -91,12 +90,12 @@ func TestFenceCancelsAtItsDeadline(t *testing.T) {
 // TestCancelDelayMeasurement measures, under whatever the test runs with
 // (-race in the documented figures), the delay between a fence's deadline
 // and each DoFunc's goroutine running again after its context is done,
-// with both cores kept busy and the collector running: -ha.canceldelay
+// with both cores kept busy and the collector running: -canceldelay
 // rounds of 500 controllers. It reports the distribution and fails when
 // the p99.9 exceeds cancelLead, the budget the fence fires early by.
 func TestCancelDelayMeasurement(t *testing.T) {
 	if *cancelDelayRounds == 0 {
-		t.Log("a measurement, not a test: run it with -race -ha.canceldelay=40")
+		t.Log("a measurement, not a test: run it with -race -canceldelay=40")
 		return
 	}
 	stop := make(chan struct{})

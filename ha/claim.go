@@ -3,11 +3,7 @@
 
 package ha
 
-import (
-	"context"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
-)
+import "context"
 
 // Claim identifies one holding of a name by this replica. A replica runs
 // a name only while it holds it; the holding lives under the replica's
@@ -18,7 +14,7 @@ import (
 // cannot stop a process that was frozen (SIGSTOP, a long pause) and
 // wakes up after the name passed to another replica. A write that must
 // never come from a former holder carries the claim as its guard: on
-// etcd, a transaction guarded by [Claim.Held], which etcd refuses once
+// etcd, a transaction guarded by Held in github.com/bgctl/controller/ha/etcd, which etcd refuses once
 // the holding is gone or the name held anew; elsewhere, the Token, which
 // an external store compares with the highest it has seen for Name and
 // refuses when lower.
@@ -39,15 +35,6 @@ type Claim struct {
 	// names: another name's holding may carry a higher token while this
 	// one lasts. On etcd it is Revision.
 	Token int64
-}
-
-// Held returns the comparison that is true in an etcd transaction while
-// this holding of the claim lasts:
-//
-//	resp, err := cli.Txn(ctx).If(claim.Held()).Then(clientv3.OpPut(k, v)).Commit()
-//	// resp.Succeeded is false when the claim was lost.
-func (c Claim) Held() clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(c.Key), "=", c.Revision)
 }
 
 type claimKey struct{}

@@ -12,11 +12,6 @@ import (
 	"time"
 )
 
-// leavingSuffix ends the value of a member key whose replica is leaving:
-// its controllers have all terminated, and the revocation of its lease
-// that follows is no early end (see markLeaving).
-const leavingSuffix = " (leaving)"
-
 // goneMember is what the view knew of a member whose key is gone.
 type goneMember struct {
 	lease   SessionID // the lease its key was under

@@ -8,8 +8,11 @@ package ha
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -412,10 +415,10 @@ func (b *memBackend) Claim(ctx context.Context, id SessionID, names []string) (g
 
 func (b *memBackend) ClaimCost(name string) int { return len(memClaimPrefix) + len(name) + 16 }
 
-// ClaimLimits answers etcd's defaults, which the shared part's batches
-// were tuned for, or the store's claimLimit.
+// ClaimLimits answers etcd's defaults (128 names, 1 MiB), which the
+// shared part's batches were tuned for, or the store's claimLimit.
 func (b *memBackend) ClaimLimits() (names, bytes int) {
-	return cmp.Or(b.st.claimLimit, maxClaimBatch), maxClaimBytes
+	return cmp.Or(b.st.claimLimit, 128), 1 << 20
 }
 
 // Release deletes the holding c names while it is that holding.
@@ -598,4 +601,65 @@ func (f *memFeed) Batches() <-chan FeedBatch { return f.out }
 func (f *memFeed) Stop() {
 	close(f.quit)
 	<-f.ran
+}
+
+// memFaultsTTL is the sessions' TTL in TestMemoryBackendFaults.
+const memFaultsTTL = 2 * time.Second
+
+// What only the in-memory backend can show, being able to lose an
+// answer: a renewal whose answer was lost still renewed, so the caller
+// may go on with the session; a begin whose answer was lost, and whose
+// end of the session it started did not arrive either (begin ends it
+// best effort), leaves a session the caller does not know, whose record
+// refuses the next begin until it expires.
+func TestMemoryBackendFaults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		st := newMemStore()
+		b := st.replica("r0", time.Second)
+		s, err := b.Begin(ctx, 0, memFaultsTTL, "d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(memFaultsTTL * 3 / 4)
+		st.inject("renew", memFault{lost: true})
+		if _, err := b.Renew(ctx, s.ID); err == nil {
+			t.Fatal("a renewal whose answer was lost returned no error")
+		}
+		st.inject("renew", memFault{})
+		time.Sleep(memFaultsTTL / 2) // past the first grant's end
+		if _, err := b.Renew(ctx, s.ID); err != nil {
+			t.Errorf("the session after a renewal whose answer was lost: %v", err)
+		}
+		_ = b.End(ctx, s.ID)
+
+		st.inject("begin", memFault{lost: true, once: true})
+		st.inject("end", memFault{err: errors.New("unreachable"), once: true})
+		if _, err := b.Begin(ctx, 0, memFaultsTTL, "d"); err == nil {
+			t.Fatal("a begin whose answer was lost returned no error")
+		}
+		if _, err := b.Begin(ctx, 0, memFaultsTTL, "d"); !errors.Is(err, ErrDuplicateID) {
+			t.Errorf("begin after a lost one: %v, want ErrDuplicateID while the unknown session lives", err)
+		}
+		time.Sleep(memFaultsTTL)
+		if _, err := b.Begin(ctx, 0, memFaultsTTL, "d"); err != nil {
+			t.Errorf("begin once the unknown session expired: %v", err)
+		}
+		// A request that never arrived changes nothing; an answer held
+		// back comes that much later, the renewal made when it arrived.
+		st.inject("renew", memFault{err: errors.New("unreachable")})
+		s3, _, _ := b.MemberSession(ctx)
+		if _, err := b.Renew(ctx, s3); err == nil || errors.Is(err, ErrSessionEnded) {
+			t.Errorf("a renewal that never arrived: %v, want the injected error", err)
+		}
+		st.inject("renew", memFault{delay: time.Second})
+		sent := time.Now()
+		if _, err := b.Renew(ctx, s3); err != nil || time.Since(sent) != time.Second {
+			t.Errorf("a renewal held back 1s: %v after %v", err, time.Since(sent))
+		}
+		st.inject("renew", memFault{})
+		if want := []string{"r0 1 ended", "r0 2 expired"}; fmt.Sprint(st.ended) != fmt.Sprint(want) {
+			t.Errorf("sessions ended: %q, want %q", st.ended, want)
+		}
+	})
 }

@@ -6,11 +6,16 @@ package ha
 
 import (
 	"context"
+	"io"
 	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/bgctl/controller/ha/internal/place"
+	"github.com/bgctl/controller/ha/internal/runlog"
+	"github.com/sirupsen/logrus"
 )
 
 // memGroup is replicas of one group on one memStore, in one bubble,
@@ -18,22 +23,22 @@ import (
 type memGroup struct {
 	t     *testing.T
 	st    *memStore
-	rec   *recorder
+	rec   *runlog.Recorder
 	opts  Options
 	names []string
 	rs    map[string]*Replica // the replicas not stopped yet, by ID
 }
 
 // newMemGroup makes a group of names names ("n-0" …) on a new store, with
-// testOptions' TTL and Margin, and no replica yet.
+// a TTL of 2s, a Margin of 500ms, and no replica yet.
 func newMemGroup(t *testing.T, names int) *memGroup {
-	opts := testOptions()
+	opts := Options{TTL: 2 * time.Second, Margin: 500 * time.Millisecond, Logger: discardLogger()}
 	opts.Prefix, opts.ID = "/mem", "r"
 	opts, err := opts.normalize() // for the defaults the bounds use
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &memGroup{t: t, st: newMemStore(), rec: newRecorder(), opts: opts, names: namesWith("n", names), rs: map[string]*Replica{}}
+	return &memGroup{t: t, st: newMemStore(), rec: runlog.New(), opts: opts, names: runlog.Names("n", names), rs: map[string]*Replica{}}
 }
 
 // runMemGroup runs f in a synctest bubble, on a new group of names names
@@ -42,7 +47,7 @@ func newMemGroup(t *testing.T, names int) *memGroup {
 func runMemGroup(t *testing.T, names int, f func(t *testing.T, g *memGroup)) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newMemGroup(t, names)
-		defer g.rec.assertNoOverlap(t)
+		defer g.rec.AssertNoOverlap(t)
 		defer g.closeAll()
 		f(t, g)
 	})
@@ -59,7 +64,7 @@ func (g *memGroup) newReplica(id string) *Replica {
 		return nil
 	}
 	for _, name := range g.names {
-		if err := r.UpdateController(name, g.rec.params(id, name)); err != nil {
+		if err := r.UpdateController(name, g.rec.Params(id, name)); err != nil {
 			g.t.Errorf("UpdateController(%s, %s): %v", id, name, err)
 		}
 	}
@@ -98,7 +103,7 @@ func (g *memGroup) want(members ...string) map[string]string {
 	for _, id := range members {
 		regs[id] = g.names
 	}
-	return expectedAmong(regs)
+	return place.Expected(regs)
 }
 
 // waitPlacement waits until every name runs where want says, on the
@@ -107,9 +112,9 @@ func (g *memGroup) want(members ...string) map[string]string {
 func (g *memGroup) waitPlacement(want map[string]string, limit time.Duration) time.Duration {
 	g.t.Helper()
 	start := time.Now()
-	for g.rec.misplaced(want) != 0 {
+	for g.rec.Misplaced(want) != 0 {
 		if time.Since(start) > limit {
-			g.t.Fatalf("after %v, %d of %d names do not run where expected", limit, g.rec.misplaced(want), len(want))
+			g.t.Fatalf("after %v, %d of %d names do not run where expected", limit, g.rec.Misplaced(want), len(want))
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -139,7 +144,7 @@ func (g *memGroup) expiry(id string) time.Duration {
 	if !ok || l == nil {
 		g.t.Fatalf("%s has no member record, or its session has ended", id)
 	}
-	return l.granted.Add(l.ttl).Sub(g.rec.base)
+	return l.granted.Add(l.ttl).Sub(g.rec.Base())
 }
 
 // ended checks the sessions the store has ended, in order, against want
@@ -158,7 +163,7 @@ func (g *memGroup) ended(want ...string) {
 // first run elsewhere began no earlier than from and no later than to.
 func (g *memGroup) handedOver(replica string, names []string, since, notAfter, from, to time.Duration) {
 	g.t.Helper()
-	lastEnd, firstOther := g.rec.handover(replica, names, since)
+	lastEnd, firstOther := g.rec.Handover(replica, names, since)
 	g.t.Logf("%s: last run here ended at %v (bound %v), first elsewhere began at %v (within [%v, %v])", replica, lastEnd, notAfter, firstOther, from, to)
 	if lastEnd > notAfter {
 		g.t.Errorf("%s's names ran there until %v, past %v", replica, lastEnd, notAfter)
@@ -186,8 +191,8 @@ func TestMemReplicasSpreadCrashAndLeave(t *testing.T) {
 			t.Errorf("spread over three in %v, past Settle %v and %v", took, g.opts.Settle, prompt)
 		}
 
-		moved := namesOn(three, "r1")
-		crashed := g.rec.now()
+		moved := place.On(three, "r1")
+		crashed := g.rec.Now()
 		if err := g.rs["r1"].Close(); err != nil {
 			t.Fatalf("Close(r1): %v", err)
 		}
@@ -196,8 +201,8 @@ func TestMemReplicasSpreadCrashAndLeave(t *testing.T) {
 		g.waitPlacement(g.want("r0", "r2"), 10*time.Second)
 		g.handedOver("r1", moved, crashed, crashed+prompt, expires, expires+g.opts.keepAliveEvery()+prompt)
 
-		moved = namesOn(g.want("r0", "r2"), "r0")
-		left := g.rec.now()
+		moved = place.On(g.want("r0", "r2"), "r0")
+		left := g.rec.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := g.rs["r0"].Leave(ctx); err != nil {
@@ -219,8 +224,8 @@ func TestMemReplicaPartitioned(t *testing.T) {
 	runMemGroup(t, 30, func(t *testing.T, g *memGroup) {
 		three, _ := g.joinThree()
 
-		moved := namesOn(three, "r1")
-		cut := g.rec.now()
+		moved := place.On(three, "r1")
+		cut := g.rec.Now()
 		g.st.partition("r1", true)
 		expires := g.expiry("r1")
 		g.waitPlacement(g.want("r0", "r2"), 10*time.Second)
@@ -311,4 +316,11 @@ func TestMemReplicaClaimsEveryNameWhenTheStoreTakesFewerThanDeclared(t *testing.
 		g.join("r1")
 		g.waitPlacement(g.want("r0", "r1"), 10*time.Second)
 	})
+}
+
+// discardLogger returns a logger that writes nothing.
+func discardLogger() logrus.FieldLogger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
 }

@@ -6,25 +6,18 @@
 package ha
 
 import (
-	"bytes"
-	"compress/flate"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
-)
 
-// namesSegment is the key element after the Prefix under which a member
-// publishes its set of names: <Prefix>/name-sets/<ID>/<digest>/<i>-of-<n>.
-// A word no Prefix is likely to hold as an element, as a Prefix may not.
-// Reserved in a Prefix like membersSegment and claimsSegment.
-const namesSegment = "name-sets"
+	"github.com/bgctl/controller/ha/internal/nameset"
+	"github.com/bgctl/controller/ha/internal/place"
+)
 
 // digestString returns the digest of the names registered here.
 func (r *Replica) digestString() string {
@@ -53,36 +46,6 @@ func (d *namesDigest) step(name string, sign uint64) {
 // String returns the digest as 32 hex digits.
 func (d namesDigest) String() string { return fmt.Sprintf("%016x%016x", d[0], d[1]) }
 
-// digestMark introduces the digest in a member key's value.
-const digestMark = " names="
-
-// memberValue is the value of a member key: the ID, the digest of the
-// member's names, and the leaving suffix when it leaves, as in
-// "r0 names=00…ff (leaving)". A replica of an earlier version writes the
-// ID alone ("r0", "r0 (leaving)"): its names are not known.
-func memberValue(id, digest string, leaving bool) string {
-	v := id + digestMark + digest
-	if leaving {
-		v += leavingSuffix
-	}
-	return v
-}
-
-// parseMemberValue returns the digest in the member key value v of id,
-// "" when it has none, and whether v marks the member leaving.
-func parseMemberValue(id, v string) (digest string, leaving bool) {
-	rest, ok := strings.CutPrefix(v, id)
-	if !ok {
-		return "", false
-	}
-	rest, leaving = strings.CutSuffix(rest, leavingSuffix)
-	digest, _ = strings.CutPrefix(rest, digestMark)
-	if digest == rest {
-		digest = "" // no mark: an earlier version's value
-	}
-	return digest, leaving
-}
-
 // nameSet is a set of names a member published, as the view has it: its
 // chunks until they have all come, then the names.
 type nameSet struct {
@@ -92,85 +55,6 @@ type nameSet struct {
 	chunks [][]byte
 	have   int                 // chunks present
 	names  map[string]struct{} // nil while incomplete
-}
-
-// maxChunk bounds the bytes of one published chunk, well under etcd's
-// default request limit of 1.5 MiB (a Put carries the key and some
-// framing besides).
-const maxChunk = 512 << 10
-
-// encodeNames returns names (sorted, for the compressor) as chunks of at
-// most maxChunk bytes: each name as a uvarint length and its bytes, the
-// whole deflated. Lengths, not separators, since a name may hold any byte.
-func encodeNames(names []string) [][]byte {
-	var raw bytes.Buffer
-	for _, n := range names {
-		raw.Write(binary.AppendUvarint(nil, uint64(len(n))))
-		raw.WriteString(n)
-	}
-	var z bytes.Buffer
-	w, _ := flate.NewWriter(&z, flate.DefaultCompression) // the level is valid
-	_, _ = w.Write(raw.Bytes())                           // a bytes.Buffer does not fail
-	_ = w.Close()
-	all := z.Bytes()
-	var chunks [][]byte
-	for len(all) > maxChunk {
-		chunks = append(chunks, all[:maxChunk])
-		all = all[maxChunk:]
-	}
-	return append(chunks, all)
-}
-
-// decodeNames reverses encodeNames.
-func decodeNames(chunks [][]byte) (map[string]struct{}, error) {
-	raw, err := io.ReadAll(flate.NewReader(bytes.NewReader(bytes.Join(chunks, nil))))
-	if err != nil {
-		return nil, err
-	}
-	names := make(map[string]struct{})
-	for len(raw) > 0 {
-		n, k := binary.Uvarint(raw)
-		if k <= 0 || uint64(len(raw)-k) < n {
-			return nil, errors.New("ha: a published name set is malformed")
-		}
-		names[string(raw[k:k+int(n)])] = struct{}{}
-		raw = raw[k+int(n):]
-	}
-	return names, nil
-}
-
-// chunkKey returns the key of chunk i of n of the set with digest of
-// member id.
-func (k keys) chunkKey(id, digest string, i, n int) string {
-	return fmt.Sprintf("%s%s/%s/%d-of-%d", k.names, id, digest, i, n)
-}
-
-// parseChunkKey splits rest, a key after keys.names, into the member,
-// the digest and the chunk's place; ok is false for a key of another form.
-func parseChunkKey(rest string) (id, digest string, i, n int, ok bool) {
-	parts := strings.Split(rest, "/")
-	if len(parts) != 3 {
-		return "", "", 0, 0, false
-	}
-	is, ns, found := strings.Cut(parts[2], "-of-")
-	i, err1 := strconv.Atoi(is)
-	n, err2 := strconv.Atoi(ns)
-	if !found || err1 != nil || err2 != nil || n < 1 || n > 1<<16 || i < 0 || i >= n {
-		return "", "", 0, 0, false
-	}
-	return parts[0], parts[1], i, n, true
-}
-
-// parseChunk returns the chunk that key, holding value, is; ok is false
-// for a key that is not a chunk's.
-func (k keys) parseChunk(key string, value []byte) (c Chunk, ok bool) {
-	rest, ok := strings.CutPrefix(key, k.names)
-	if !ok {
-		return Chunk{}, false
-	}
-	c.Member, c.Digest, c.Index, c.Count, ok = parseChunkKey(rest)
-	c.Data = value
-	return c, ok
 }
 
 // putChunkLocked brings a chunk of a published set into the view; the set
@@ -198,7 +82,7 @@ func (r *Replica) putChunkLocked(c Chunk) {
 	if s.have < n || s.names != nil {
 		return // incomplete, or a chunk written again into a complete set
 	}
-	names, err := decodeNames(s.chunks)
+	names, err := nameset.Decode(s.chunks)
 	if err != nil {
 		r.log.Warn(fmt.Sprintf("member %q published a set of names that does not decode: its names count as unknown", id), "error", err)
 		delete(r.sets, k)
@@ -310,9 +194,9 @@ func (r *Replica) ownerLocked(name string) string {
 		return ""
 	}
 	if !p.narrowed {
-		return spreadOwner(name, p.ids)
+		return place.Owner(name, p.ids)
 	}
-	return spreadOwnerWhere(name, p.ids, func(i int) bool { return p.registers(i, name) })
+	return place.OwnerWhere(name, p.ids, func(i int) bool { return p.registers(i, name) })
 }
 
 // unconfirmedLocked returns the live members not known to register the
@@ -451,7 +335,7 @@ func (r *Replica) publishNames(ep *epoch, want, old string, names []string) {
 	var chunks [][]byte
 	if want != "" {
 		slices.Sort(names)
-		chunks = encodeNames(names)
+		chunks = nameset.Encode(names)
 	}
 	for {
 		err := r.be.Publish(ep.ctx, SessionID(ep.lease), want, old, chunks)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -138,6 +139,13 @@ const defaultTTL = 10 * time.Second
 // keys, short beside a TTL.
 const defaultSettle = time.Second
 
+// reservedSegments are the elements a Prefix may not hold: the etcd store
+// keeps a group's member records, claims and published sets of names
+// under <Prefix>/members/, <Prefix>/claims/ and <Prefix>/name-sets/, and
+// for a key of group P1 to read as a key of group P2, where P1 is a
+// proper prefix of P2, P2 would have to be P1 followed by one of them.
+var reservedSegments = []string{"members", "claims", "name-sets"}
+
 // normalize returns o with its defaults filled in, or an error naming every
 // bad field and wrapping ErrInvalidOptions.
 func (o Options) normalize() (Options, error) {
@@ -150,11 +158,11 @@ func (o Options) normalize() (Options, error) {
 		bad("Prefix must not be empty")
 	}
 	for seg := range strings.SplitSeq(o.Prefix, "/") {
-		if seg == membersSegment || seg == claimsSegment || seg == namesSegment {
+		if slices.Contains(reservedSegments, seg) {
 			// Another group's Prefix could then end where this one's
 			// member or claim keys begin: "/p" and "/p/claims" would
 			// read each other's keys (TestGroupsNeverSeeEachOthersKeys).
-			bad("Prefix must not have a %q, %q or %q element (another group's keys could read as this one's), got %q", membersSegment, claimsSegment, namesSegment, o.Prefix)
+			bad("Prefix must not have a %q, %q or %q element (another group's keys could read as this one's), got %q", reservedSegments[0], reservedSegments[1], reservedSegments[2], o.Prefix)
 		}
 	}
 	if o.ID == "" {

@@ -85,7 +85,7 @@ func (r *Replica) serve(ep *epoch) *stopRequest {
 		case b := <-batches:
 			if b.Err != nil {
 				r.dropWatch(ep)
-				if !errors.Is(b.Err, errFeedSilent) {
+				if !errors.Is(b.Err, ErrFeedSilent) {
 					r.retryLater(ep) // a silent one is given up after a long wait already
 				}
 				continue
@@ -596,7 +596,7 @@ func (r *Replica) handle(ep *epoch, res result) {
 		case res.other != nil:
 			// Another lease holds our ID: stop everything and join
 			// again, which fails with ErrDuplicateID while it lives.
-			ep.fence.expire(fmt.Errorf("%w: member key %s held by lease %x", ErrDuplicateID, r.keys.members+r.opts.ID, int64(*res.other)))
+			ep.fence.expire(fmt.Errorf("%w: the member record of %s held by session %x", ErrDuplicateID, r.opts.ID, int64(*res.other)))
 		default:
 			r.memberLost = true // deleted again meanwhile
 		}

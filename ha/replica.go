@@ -46,7 +46,6 @@ type Replica struct {
 	// Immutable after New.
 	be    Backend // the store's, from Store.Backend in New
 	opts  Options
-	keys  keys
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
 	inner *controller.Manager
 
@@ -146,27 +145,6 @@ type Replica struct {
 	prevClaims  map[string]claimView
 	prevMembers map[string]SessionID
 	prevLeaving map[string]SessionID
-}
-
-// keys are the etcd keys and prefixes of one Options.Prefix.
-type keys struct {
-	all, members, claims, names string
-}
-
-// membersSegment and claimsSegment are the key elements after the Prefix
-// under which member and claim keys live (and namesSegment those of the
-// published sets of names). A Prefix may not contain any of them as an
-// element of its own, so that no two groups' keys can be taken for each
-// other's: for a key of group P1 to read as a key of group P2, where P1
-// is a proper prefix of P2, P2 would have to be P1 followed by
-// "/members", "/claims" or "/names" and more.
-const (
-	membersSegment = "members"
-	claimsSegment  = "claims"
-)
-
-func keysOf(prefix string) keys {
-	return keys{all: prefix + "/", members: prefix + "/" + membersSegment + "/", claims: prefix + "/" + claimsSegment + "/", names: prefix + "/" + namesSegment + "/"}
 }
 
 // claimView is what the view knows of a claim key.
@@ -272,7 +250,6 @@ func New(store Store, opts Options) (*Replica, error) {
 	inner := controller.NewManager(managerOptions(opts)...)
 	r := &Replica{
 		opts:    opts,
-		keys:    keysOf(opts.Prefix),
 		log:     inner.Logger(),
 		inner:   inner,
 		wake:    make(chan struct{}, 1),

@@ -23,7 +23,6 @@ import (
 // apart once its renewals moved the end by more than a second and a
 // round trip: within about 4s.
 func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
-	key := r.keys.members + r.opts.ID
 	gctx, cancel := context.WithTimeout(ctx, r.opts.RequestTimeout)
 	lease, found, err := r.be.MemberSession(gctx)
 	cancel()
@@ -60,17 +59,17 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 			}
 			last = next
 			if renewals >= 2 {
-				return fmt.Errorf("%w: %q (member key %q is held by lease %x, which is being renewed)", ErrDuplicateID, r.opts.ID, key, int64(lease))
+				return fmt.Errorf("%w: %q (its member record is held by lease %x, which is being renewed)", ErrDuplicateID, r.opts.ID, int64(lease))
 			}
 			if !logged {
-				r.log.Info(fmt.Sprintf("member key %q is held by lease %x, with %ds left: waiting for it to run out, as a previous incarnation's that stopped renewing it would", key, int64(lease), int64(left/time.Second)))
+				r.log.Info(fmt.Sprintf("the member record of %q is held by lease %x, with %ds left: waiting for it to run out, as a previous incarnation's that stopped renewing it would", r.opts.ID, int64(lease), int64(left/time.Second)))
 				logged = true
 			}
 		case ctx.Err() != nil:
-			return fmt.Errorf("ha: waiting for lease %x, which holds member key %q, to run out: %w", int64(lease), key, context.Cause(ctx))
+			return fmt.Errorf("ha: waiting for lease %x, which holds the member record of %q, to run out: %w", int64(lease), r.opts.ID, context.Cause(ctx))
 		}
 		if !pause(ctx, 500*time.Millisecond) {
-			return fmt.Errorf("ha: waiting for lease %x, which holds member key %q, to run out: %w", int64(lease), key, context.Cause(ctx))
+			return fmt.Errorf("ha: waiting for lease %x, which holds the member record of %q, to run out: %w", int64(lease), r.opts.ID, context.Cause(ctx))
 		}
 	}
 }

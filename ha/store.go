@@ -5,15 +5,12 @@ package ha
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A Store is where a group of replicas keeps its members, sessions and
-// holdings: etcd ([Etcd]), or the Kubernetes API server (the module
+// holdings: etcd (the module github.com/bgctl/controller/ha/etcd), or the Kubernetes API server (the module
 // github.com/bgctl/controller/ha/kube). [New] asks it once for the
 // Backend of the replica it makes.
 type Store interface {
@@ -46,21 +43,4 @@ type BackendConfig struct {
 	// it bounds the requests the backend makes on its own, outside any
 	// caller's context.
 	Stopping context.Context
-}
-
-// Etcd returns the store on etcd that cli reaches: the group lives under
-// Options.Prefix, its sessions are etcd leases, and a DoFunc fences its
-// own writes with [Claim.Held]. cli must outlive every Replica made on
-// it; closing it without Leave is how a crash looks to the others.
-func Etcd(cli *clientv3.Client) Store { return etcdStore{cli} }
-
-// etcdStore is the Store Etcd returns.
-type etcdStore struct{ cli *clientv3.Client }
-
-// Backend returns an etcdBackend for c.
-func (s etcdStore) Backend(c BackendConfig) (Backend, error) {
-	if s.cli == nil {
-		return nil, fmt.Errorf("%w: the etcd client must not be nil", ErrInvalidOptions)
-	}
-	return newEtcdBackend(s.cli, c), nil
 }

@@ -1,0 +1,44 @@
+// The contract every store keeps (package hatest), against the etcd the
+// tests start, in real time.
+
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/bgctl/controller/ha"
+	"github.com/bgctl/controller/ha/hatest"
+)
+
+// Each case against etcd, every case in a group of its own.
+func TestBackendConformanceEtcd(t *testing.T) {
+	needEtcd(t)
+	for _, tc := range hatest.Cases() {
+		t.Run(tc.Name, func(t *testing.T) {
+			t.Parallel() // each in a group of its own; the waits overlap
+			prefix := fmt.Sprintf("/test/conformance/%s/%d", tc.Name, time.Now().UnixNano())
+			// A client of its own, whose faults are the case's.
+			cli := newClient(t, testEtcd)
+			defer cli.Close()
+			lease, kv := &slowLease{Lease: cli.Lease}, &losingKV{KV: cli.KV}
+			cli.Lease, cli.KV = lease, kv
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tc.Test(t, hatest.Group{
+				Backend: func(id string) ha.Backend {
+					w := hatest.TTL - hatest.TTL/4
+					return newEtcdBackend(cli, ha.BackendConfig{Group: prefix, ID: id, RequestTimeout: 2 * time.Second,
+						RenewEvery: w / 4, Window: w, Logger: slog.New(slog.DiscardHandler), Stopping: ctx})
+				},
+				Slack:     time.Second,
+				Early:     300 * time.Millisecond,
+				SlowBegin: func(d time.Duration) { lease.hold.Store(int64(d)) },
+				LoseBegin: func() { kv.lose.Store(true) },
+			})
+		})
+	}
+}
