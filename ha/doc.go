@@ -1,7 +1,12 @@
-// Package ha spreads the controllers of a service over its replicas with
-// etcd, so that each named controller runs on exactly one live replica,
-// moves when replicas come and go, and never runs on two replicas at
-// once.
+// Package ha spreads the controllers of a service over its replicas, so
+// that each named controller runs on exactly one live replica, moves when
+// replicas come and go, and never runs on two replicas at once. The
+// replicas keep their group in a [Store]: etcd (the module
+// github.com/bgctl/controller/ha/etcd) or the Lease objects of a
+// Kubernetes namespace (github.com/bgctl/controller/ha/kube). This
+// package holds what every store shares, and requires neither store's
+// client. The model below is told on etcd; the Kubernetes store's
+// documentation says where it differs.
 //
 // # When to use it
 //
@@ -113,7 +118,7 @@
 //     not at all after the fence.
 //  5. A lease the server ends early. Rule 3 trusts the server to keep a
 //     lease for TTL after an answered keepalive; a revoke by another
-//     client, or a stale etcd leader that wakes up (see Server versions),
+//     client, or a stale etcd leader that wakes up (see Server versions in github.com/bgctl/controller/ha/etcd),
 //     ends it sooner, and its claims with it. The holder's watch then
 //     shows two or more keys of its lease deleted in one revision (a
 //     release deletes one claim), and its fence passes at once; a
@@ -156,37 +161,10 @@
 // and wakes after its claim moved: no local deadline stops code that is
 // not running. For writes that must never come from a former holder, a
 // DoFunc reads its claim with [ClaimFrom] and makes the write in an etcd
-// transaction guarded by [Claim.Held]; etcd refuses it once the claim has
-// been deleted or created anew.
-//
-// # Server versions
-//
-// Rule 3 trusts an answered keepalive: the server keeps the lease for TTL
-// from when it received it. Two etcd server bugs break that, and the
-// fence with it:
-//
-//   - a leader stuck on a slow disk or CPU went on revoking expired
-//     leases after a new leader had been elected, so leases kept alive
-//     through the new leader ended (etcd issue 15247; pull request 16822,
-//     in 3.6.0, backported to 3.5.13 and 3.4.31, made the old leader
-//     check that it still leads before it revokes). The fix is not
-//     whole: a leader frozen longer than TTL (SIGSTOP, a paused VM, a
-//     stalled host) skips the check when it wakes if it still counts
-//     itself active, and revokes the leases renewed meanwhile through the
-//     new leader; 3.6 and 3.7, 3.7.3 included, do so. Rule 5 covers it:
-//     the holders stop at once, and their names wait for them;
-//   - a keepalive that arrived while its lease was being revoked was
-//     answered as a renewal (fixed by pull request 20590, backported to
-//     3.6.5, 3.5.23 and 3.4.38).
-//
-// This package therefore supports etcd 3.5.23 or later on the 3.5 line,
-// 3.6.5 or later on the 3.6 line, and every release from 3.7.0 on. Its
-// tests run against 3.7.3 and 3.5.23. The 3.4 line carries both fixes
-// from 3.4.38, but it ended with 3.4.45 and is not tested, so it is not
-// supported. [Join] asks each endpoint of its client for its version (the
-// maintenance Status call, waiting at most RequestTimeout) and logs one
-// warning naming the oldest server below these; an endpoint that does not
-// answer is logged at Debug and does not fail Join.
+// transaction guarded by the claim (Held in
+// github.com/bgctl/controller/ha/etcd); etcd refuses it once the claim
+// has been deleted or created anew. On another store, the claim's Token
+// only grows from one holder of the name to the next.
 //
 // # What a DoFunc must do
 //
@@ -196,7 +174,7 @@
 //     to everything it blocks on. A DoFunc that goes on past that may
 //     overlap with the next holder's.
 //   - Fence the writes that must not overlap: take the [Claim] from the
-//     context with [ClaimFrom] and guard the write with [Claim.Held] in an
+//     context with [ClaimFrom] and guard the write with it (etcd's Held) in an
 //     etcd transaction, or carry the revision to a store that can compare
 //     it.
 //   - Expect to be stopped and started again on another replica at any
@@ -243,60 +221,13 @@
 // without an answer, and its names move after its lease expired. A short
 // TTL moves names sooner but stops replicas on shorter etcd hiccups.
 //
-// # The watch, and the client's keepalive settings
-//
-// A replica's view of the members and claims comes from one watch of the
-// prefix, and the view decides when names move (the claims alone keep
-// them from running twice). A watch can stop delivering without failing:
-// on a connection that drops packets without closing, or stuck on the
-// server, while lease keepalives still succeed on another connection. So
-// while the watch is quiet, the replica asks etcd for its progress every
-// (TTL − Margin)/4; etcd answers once the watch has caught up, and a
-// watch that is catching up sends events instead. A watch that has said
-// nothing, neither event nor progress notification, for TTL − Margin is
-// replaced: the replica lists the prefix again and watches it anew, on a
-// stream of its own. A stuck watch then delays a takeover by about as
-// long as a crash does, and no more.
-//
-// Give the etcd client gRPC keepalives as well, so that a connection that
-// stops answering is closed, and the watch and requests on it move to
-// another endpoint, instead of waiting until the kernel gives up
-// retransmitting to it (about 15 minutes on Linux by default):
-//
-//	clientv3.Config{
-//		Endpoints:            endpoints,
-//		DialKeepAliveTime:    10 * time.Second,
-//		DialKeepAliveTimeout: 5 * time.Second,
-//	}
-//
-// 10s is gRPC's floor (a shorter time is raised to it), and leaves room
-// for etcd's default minimum of 5s between a client's pings
-// (--grpc-keepalive-min-time; a client that pings more often is
-// disconnected). A 5s timeout lets a loaded server answer late without
-// losing the connection. A dead connection is then closed within 15s of
-// its last answer. That is longer than the default fence window, TTL −
-// Margin: with one endpoint, a replica whose connection dies stops its
-// names when its fence passes, as in any partition; with several, the
-// keepalives sent while one waits on the dead connection go to the
-// others, and extend the fence.
-//
-// Give the client every member's endpoint. A member cut off from its
-// peers still answers its clients: every request of a replica that needs
-// the leader (keepalives, claims, releases, listings, the member key, the
-// watch) carries etcd's require-leader flag, so such a member refuses it
-// at once, once it knows it has no leader, and the request goes to
-// another endpoint; until it knows (up to two election timeouts), the
-// hedged keepalives keep the fence open. A quorum lost for longer than
-// TTL − Margin passes every replica's fence.
-//
 // # Watching a replica
 //
 // A replica logs where its inner [controller.Manager] logs, logrus or
 // log/slog as Options.Logger and ManagerOptions choose, with the field
 // replica=<ID> on its lines and its controllers'. The etcd client logs
-// apart, with zap; [EtcdClientLogger] sends its lines to a slog handler,
-// and writes a request its caller cancelled (as Leave cancels some) at
-// Debug. [Replica.Health] says
+// apart, with zap; ClientLogger of github.com/bgctl/controller/ha/etcd
+// sends its lines to a slog handler. [Replica.Health] says
 // whether it is a working member (a lease, an open fence, its member key
 // in its view, a watch that progresses), for a readiness probe
 // ([HealthHandler]). [Metrics] counts fence passes and claims acquired

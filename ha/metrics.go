@@ -19,7 +19,7 @@ import (
 //	opts := controller.MetricsOpts{Namespace: "svc"}
 //	cm, hm := controller.NewMetrics(opts), ha.NewMetrics(opts)
 //	registry.MustRegister(cm, hm)
-//	r, err := ha.Join(ctx, ha.Etcd(cli), ha.Options{
+//	r, err := ha.Join(ctx, etcd.Store(cli), ha.Options{
 //		Prefix:         "/svc",
 //		Metrics:        hm,
 //		ManagerOptions: []controller.Option{controller.WithMetrics(cm)},

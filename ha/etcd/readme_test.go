@@ -62,7 +62,7 @@ func readmeReplicaPrograms(t *testing.T, readme string) map[int]string {
 // metrics beside the core's, from one registry, once its name runs.
 func TestReadmeReplicaProgramsRun(t *testing.T) {
 	needEtcd(t)
-	root, err := filepath.Abs("..")
+	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,9 +71,9 @@ func TestReadmeReplicaProgramsRun(t *testing.T) {
 		t.Fatal("README.md has no replica program outside Running several replicas")
 	}
 	dir := t.TempDir()
-	mod := fmt.Sprintf("module readme.example\n\ngo 1.26.0\n\nrequire (\n\tgithub.com/bgctl/controller v0.0.0\n\tgithub.com/bgctl/controller/ha v0.0.0\n)\n\nreplace github.com/bgctl/controller => %s\n\nreplace github.com/bgctl/controller/ha => %s\n", root, filepath.Join(root, "ha"))
+	mod := fmt.Sprintf("module readme.example\n\ngo 1.26.0\n\nrequire (\n\tgithub.com/bgctl/controller v0.0.0\n\tgithub.com/bgctl/controller/ha v0.0.0\n\tgithub.com/bgctl/controller/ha/etcd v0.0.0\n)\n\nreplace github.com/bgctl/controller => %s\n\nreplace github.com/bgctl/controller/ha => %s\n\nreplace github.com/bgctl/controller/ha/etcd => %s\n", root, filepath.Join(root, "ha"), filepath.Join(root, "ha", "etcd"))
 	var sum bytes.Buffer
-	for _, f := range []string{filepath.Join(root, "go.sum"), filepath.Join(root, "ha", "go.sum")} {
+	for _, f := range []string{filepath.Join(root, "go.sum"), filepath.Join(root, "ha", "go.sum"), filepath.Join(root, "ha", "etcd", "go.sum")} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

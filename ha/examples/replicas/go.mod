@@ -14,6 +14,7 @@ require (
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/bgctl/controller/ha/etcd v0.1.0
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
@@ -73,3 +74,5 @@ replace (
 	github.com/bgctl/controller => ../../..
 	github.com/bgctl/controller/ha => ../..
 )
+
+replace github.com/bgctl/controller/ha/etcd => ../../etcd

@@ -30,6 +30,7 @@ import (
 
 	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
+	"github.com/bgctl/controller/ha/etcd"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -69,11 +70,11 @@ func main() {
 	// The etcd client logs with zap, apart from the replicas: quiet here,
 	// or with -v through log/slog, as a service on slog would pass its
 	// own logger. A request Leave or the crash cancels is a Debug line
-	// there, below slog's default level: see ha.EtcdClientLogger.
+	// there, below slog's default level: see etcd.ClientLogger.
 	clientLog := zap.NewNop()
 	if *verbose {
 		logger.SetLevel(logrus.InfoLevel)
-		clientLog = ha.EtcdClientLogger(slog.Default())
+		clientLog = etcd.ClientLogger(slog.Default())
 	}
 	board := newBoard()
 	prefix := fmt.Sprintf("/examples/replicas/%d", time.Now().UnixNano())
@@ -95,7 +96,7 @@ func main() {
 			log.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := ha.Join(ctx, ha.Etcd(cli), ha.Options{Prefix: prefix, ID: id, TTL: *ttl, Logger: logger,
+		r, err := ha.Join(ctx, etcd.Store(cli), ha.Options{Prefix: prefix, ID: id, TTL: *ttl, Logger: logger,
 			Metrics: haMetrics, ManagerOptions: []controller.Option{controller.WithMetrics(coreMetrics)}})
 		cancel()
 		if err != nil {
