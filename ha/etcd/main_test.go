@@ -14,12 +14,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha/internal/gobuild"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -150,129 +149,15 @@ func wantedEtcd() (string, error) {
 var etcdReleasePattern = regexp.MustCompile(`^v3\.[0-9]+\.[0-9]+$`)
 
 // etcdBinary returns the path of an etcd binary of release: etcd on PATH
-// when it is that release, else the one in the cache, built first if need
-// be.
+// when it is that release, else the one ha/internal/gobuild keeps in the
+// user cache directory, built first if need be.
 func etcdBinary(release string) (string, error) {
 	if bin, err := exec.LookPath("etcd"); err == nil {
-		if v, err := binaryRelease(bin); err == nil && v == release {
+		if v, err := gobuild.EtcdRelease(bin); err == nil && v == release {
 			return bin, nil
 		}
 	}
-	dir, err := etcdCacheDir(release)
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "etcd")
-	if v, err := binaryRelease(bin); err == nil && v == release {
-		return bin, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	// Test binaries that start at once (go test ./..., several
-	// checkouts) build one at a time: the later ones find the binary
-	// after the lock. The rename below keeps a binary whole without it.
-	unlock, err := lockFile(filepath.Join(dir, "lock"))
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	if v, err := binaryRelease(bin); err == nil && v == release {
-		return bin, nil
-	}
-	return bin, buildEtcd(release, bin)
-}
-
-// etcdCacheDir is where the binary of release is kept between runs:
-// <user cache dir>/bgctl-controller-ha/etcd/<release> ($XDG_CACHE_HOME or
-// ~/.cache on Linux). .ci/run spells out the same path for the example.
-func etcdCacheDir(release string) (string, error) {
-	base, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("no cache directory for the tests' etcd: %w", err)
-	}
-	return filepath.Join(base, "bgctl-controller-ha", "etcd", release), nil
-}
-
-// buildEtcd builds go.etcd.io/etcd/server/v3 at release into bin, in a
-// module of its own so that the ha module's requirements do not change
-// etcd's, and moves it into place only once it runs and reports release.
-func buildEtcd(release, bin string) error {
-	gocmd, err := exec.LookPath("go") // go test puts its own first on PATH
-	if err != nil {
-		return fmt.Errorf("no go command to build etcd %s with: %w", release, err)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(bin), "build-") // beside bin, so the rename is atomic
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	fmt.Fprintf(stderr, "ha/etcd tests: building etcd %s from the Go module proxy into %s (once; a minute or two)\n", release, bin)
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var env []string
-	for _, kv := range os.Environ() {
-		switch strings.SplitN(kv, "=", 2)[0] {
-		case "GOFLAGS", "GOWORK", "GOOS", "GOARCH", "CGO_ENABLED":
-		default:
-			env = append(env, kv)
-		}
-	}
-	// The host's platform, whatever the environment sets for the tests;
-	// no C toolchain needed, as for etcd's own release builds.
-	env = append(env, "GOWORK=off", "GOFLAGS=-mod=mod", "CGO_ENABLED=0", "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
-	built := filepath.Join(tmp, "etcd")
-	for _, args := range [][]string{
-		{"mod", "init", "etcd-for-ha-tests"},
-		{"get", "go.etcd.io/etcd/server/v3@" + release},
-		{"build", "-trimpath", "-o", built, "go.etcd.io/etcd/server/v3"},
-	} {
-		cmd := exec.CommandContext(ctx, gocmd, args...)
-		cmd.Dir, cmd.Env = tmp, env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building etcd %s: go %s: %v: %s", release, strings.Join(args, " "), err, tail(out, 2000))
-		}
-	}
-	if v, err := binaryRelease(built); err != nil || v != release {
-		return fmt.Errorf("building etcd %s: the binary reports %q (%v)", release, v, err)
-	}
-	if err := os.Rename(built, bin); err != nil {
-		return err
-	}
-	fmt.Fprintf(stderr, "ha/etcd tests: built etcd %s in %v\n", release, time.Since(start).Round(time.Second))
-	return nil
-}
-
-// binaryRelease runs bin --version and returns the release it reports,
-// "v3.7.3".
-func binaryRelease(bin string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "--version").Output()
-	if err != nil {
-		return "", err
-	}
-	for line := range strings.Lines(string(out)) {
-		if v, ok := strings.CutPrefix(line, "etcd Version:"); ok {
-			return "v" + strings.TrimSpace(v), nil
-		}
-	}
-	return "", fmt.Errorf("%s --version names no version: %s", bin, tail(out, 200))
-}
-
-// lockFile takes an exclusive lock on path, waiting for it, and returns
-// its release.
-func lockFile(path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil // closing the file drops the lock
+	return gobuild.Etcd(release)
 }
 
 // askEtcdVersion returns the version the etcd at addr reports in the

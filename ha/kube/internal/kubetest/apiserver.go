@@ -21,6 +21,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/bgctl/controller/ha/internal/gobuild"
 )
 
 // CurrentKube is the Kubernetes release whose kube-apiserver runs by
@@ -45,7 +47,7 @@ func APIServerBinary(release string) (string, error) {
 	if err := CheckRelease(release); err != nil {
 		return "", err
 	}
-	return cachedBinary("kube-apiserver", release, apiServerRelease, func(ctx context.Context, tmp, out string) error {
+	return gobuild.Cached("kube-apiserver", release, apiServerRelease, func(ctx context.Context, tmp, out string) error {
 		return buildAPIServer(ctx, release, tmp, out)
 	})
 }
@@ -53,7 +55,7 @@ func APIServerBinary(release string) (string, error) {
 // apiServerRelease returns the release the kube-apiserver at bin reports,
 // "v1.36.3".
 func apiServerRelease(bin string) (string, error) {
-	return versionLine(bin, "Kubernetes ")
+	return gobuild.VersionLine(bin, "Kubernetes ")
 }
 
 // stagingReplace matches the lines of k8s.io/kubernetes's go.mod that point
@@ -66,10 +68,10 @@ var stagingReplace = regexp.MustCompile(`(?m)^\s*(?:replace\s+)?(\S+)\s+=>\s+\./
 // its own in tmp. The version is stamped the way Kubernetes' own release
 // builds stamp it, so that --version and /version report release.
 func buildAPIServer(ctx context.Context, release, tmp, out string) error {
-	if _, err := goIn(ctx, tmp, "mod", "init", "kube-apiserver-for-ha-kube-tests"); err != nil {
+	if _, err := gobuild.GoIn(ctx, tmp, "mod", "init", "kube-apiserver-for-ha-kube-tests"); err != nil {
 		return err
 	}
-	info, err := goIn(ctx, tmp, "mod", "download", "-json", "k8s.io/kubernetes@"+release)
+	info, err := gobuild.GoIn(ctx, tmp, "mod", "download", "-json", "k8s.io/kubernetes@"+release)
 	if err != nil {
 		return err
 	}
@@ -94,7 +96,7 @@ func buildAPIServer(ctx context.Context, release, tmp, out string) error {
 	if len(edit) == 3 {
 		return fmt.Errorf("k8s.io/kubernetes@%s's go.mod points no module at ./staging", release)
 	}
-	if _, err := goIn(ctx, tmp, edit...); err != nil {
+	if _, err := gobuild.GoIn(ctx, tmp, edit...); err != nil {
 		return err
 	}
 	const main = `package main
@@ -113,12 +115,12 @@ func main() {
 	if err := os.WriteFile(filepath.Join(tmp, "main.go"), []byte(main), 0o644); err != nil {
 		return err
 	}
-	if _, err := goIn(ctx, tmp, "mod", "tidy"); err != nil {
+	if _, err := gobuild.GoIn(ctx, tmp, "mod", "tidy"); err != nil {
 		return err
 	}
 	const v = "k8s.io/component-base/version."
 	ldflags := "-X " + v + "gitVersion=" + release + " -X " + v + "gitMajor=1 -X " + v + "gitMinor=" + minor + " -X " + v + "gitTreeState=clean"
-	_, err = goIn(ctx, tmp, "build", "-trimpath", "-ldflags", ldflags, "-o", out, ".")
+	_, err = gobuild.GoIn(ctx, tmp, "build", "-trimpath", "-ldflags", ldflags, "-o", out, ".")
 	return err
 }
 

@@ -1,16 +1,17 @@
-// The etcd the kube-apiserver stores into: built and cached as ha's tests
-// build theirs, at the same path, so both modules' tests share one binary
-// per release.
+// The etcd the kube-apiserver stores into: built and cached by
+// ha/internal/gobuild, as ha/etcd's tests build theirs, so both modules'
+// tests share one binary per release.
 
 package kubetest
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
 	"time"
+
+	"github.com/bgctl/controller/ha/internal/gobuild"
 )
 
 // CurrentEtcd is the etcd release the kube-apiserver stores into by
@@ -19,26 +20,7 @@ const CurrentEtcd = "v3.7.3"
 
 // EtcdBinary returns the cached etcd of release ("v3.7.3"), built first
 // if need be.
-func EtcdBinary(release string) (string, error) {
-	return cachedBinary("etcd", release, etcdRelease, func(ctx context.Context, tmp, out string) error {
-		for _, args := range [][]string{
-			{"mod", "init", "etcd-for-ha-tests"},
-			{"get", "go.etcd.io/etcd/server/v3@" + release},
-			{"build", "-trimpath", "-o", out, "go.etcd.io/etcd/server/v3"},
-		} {
-			if _, err := goIn(ctx, tmp, args...); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
-// etcdRelease returns the release the etcd at bin reports, "v3.7.3".
-func etcdRelease(bin string) (string, error) {
-	v, err := versionLine(bin, "etcd Version:")
-	return "v" + v, err
-}
+func EtcdBinary(release string) (string, error) { return gobuild.Etcd(release) }
 
 // StartEtcd starts the etcd at bin with its data and log in dir, and
 // returns its client URL once it is healthy and reports release.
