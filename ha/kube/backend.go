@@ -259,6 +259,10 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 			}
 		}
 		if err != nil {
+			var failed *createFailed
+			if errors.As(err, &failed) {
+				b.dropUnanswered(ctx, failed.identity)
+			}
 			return seamSession{}, err
 		}
 		id := idOf(s.identity)
@@ -267,6 +271,33 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 		b.mu.Unlock()
 		joinedAt, _ := strconv.ParseInt(s.lease.ResourceVersion, 10, 64)
 		return seamSession{id: id, sent: valid.Add(-b.g.duration), joinedAt: joinedAt}, nil
+	}
+}
+
+// dropUnanswered deletes this replica's member Lease if a quorum read
+// finds it under identity, the session of a begin whose create failed:
+// the server may have carried the create out and its answer been lost.
+// Nothing runs under that session, which begin never answered; left, it
+// would refuse every begin of the ID until an observer proved it ended,
+// D later, where ha's Backend leaves no session after a Begin that
+// failed. The delete is guarded by the UID and resourceVersion read.
+// Best effort, bounded as request's are and by ctx: what fails is logged
+// at Debug, and the Lease is then left to the observers, as a crashed
+// replica's is.
+func (b *kubeBackend) dropUnanswered(ctx context.Context, identity string) {
+	rctx, cancel := b.request(ctx)
+	defer cancel()
+	name := b.g.memberName(b.id)
+	l, err := b.g.renewals.Get(rctx, name, metav1.GetOptions{})
+	if err == nil && holder(l) != identity {
+		return
+	}
+	if err == nil {
+		uid, rv := l.UID, l.ResourceVersion
+		err = b.g.renewals.Delete(rctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		b.log.Debug(fmt.Sprintf("kube: deleting %s, created by a begin whose answer was lost: %v", name, err))
 	}
 }
 

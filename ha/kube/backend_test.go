@@ -1,10 +1,8 @@
-// The contract of ha's backend interface (ha/backend.go, the cases of
-// ha/conformance_test.go) held against kubeBackend on the real
-// kube-apiserver, each replica on the replicas' credentials (the
-// manifest's Role and nothing more). Where Kubernetes answers otherwise
-// than etcd, the case says so: a session nobody renews ends when another
-// replica's observer proves it; every free name of a claim is taken at
-// once; names of one bucket share one write.
+// The Kubernetes backend (kubeBackend) below the contract
+// (conformance_test.go): what it leaves to the store, as this one does
+// it, and the helpers of the tests that drive kubeBackend directly, each
+// replica on the replicas' credentials (the manifest's Role and nothing
+// more).
 
 package kube
 
@@ -13,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -59,36 +58,6 @@ func runBackend(t *testing.T, b *kubeBackend) {
 	})
 }
 
-// kubeConformanceCases are ha's conformance cases, ported.
-var kubeConformanceCases = []struct {
-	name string
-	test func(t *testing.T, st kubeStore)
-}{
-	{"BeginRenewEnd", kubeBeginRenewEnd},
-	{"DuplicateIDRefusedWhileLive", kubeDuplicateID},
-	{"BeginMovesTheRecordFromPrevOnly", kubeMoveFromPrev},
-	{"UnrenewedSessionEnds", kubeExpiry},
-	{"RenewalKeepsTheSession", kubeRenewalKeeps},
-	{"MemberRecordWrittenOnlyUnderItsSession", kubeMemberRecord},
-	{"ClaimTakesFreeNamesAtOnce", kubeClaimFree},
-	{"ClaimOfHeldNamesReadsThem", kubeClaimHeld},
-	{"ClaimsGoWithTheirSession", kubeClaimsGoWithSession},
-	{"ReleaseEndsOnlyThatHolding", kubeRelease},
-}
-
-// Each case in a group of its own, side by side (the waits overlap),
-// and beside the package's other parallel tests.
-func TestBackendConformanceKube(t *testing.T) {
-	t.Parallel()
-	c := needCluster(t)
-	for _, tc := range kubeConformanceCases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.test(t, newKubeStore(t, c))
-		})
-	}
-}
-
 // kubeBegin begins a session of replica id, or fails the test.
 func kubeBegin(t *testing.T, st kubeStore, id string) (*kubeBackend, seamSession) {
 	t.Helper()
@@ -100,143 +69,57 @@ func kubeBegin(t *testing.T, st kubeStore, id string) (*kubeBackend, seamSession
 	return b, s
 }
 
-// A session begins valid from a moment taken before its request, is
-// renewed for D, is the member record's, and once ended is known to be:
-// renew, end and timeLeft say errSessionEnded, and the record is gone.
-func kubeBeginRenewEnd(t *testing.T, st kubeStore) {
+// What the contract (TestBackendConformanceKube) leaves to the store, as
+// Kubernetes does it: free names of one bucket are claimed in one write,
+// at one position, which they keep through the bucket's later writes; a
+// name of another bucket is at its own bucket's write; a held name is
+// reported at its holder's position, read at the bucket's version or
+// later.
+func TestBackendClaimPositionsAreThoseOfTheirBuckets(t *testing.T) {
+	t.Parallel()
+	st := newKubeStore(t, needCluster(t))
 	ctx := t.Context()
-	b := st.backendFor("r0")
-	before := time.Now()
-	s, err := b.begin(ctx, 0, testD, "digest")
-	if err != nil {
-		t.Fatalf("begin: %v", err)
+	b, s := kubeBegin(t, st, "r0")
+	defer func() { _ = b.end(ctx, s.id) }()
+	names := namesIn(st.g, 1, 3)
+	got, _, err := b.claim(ctx, s.id, names)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("claim of three free names = %v, %v", got, err)
 	}
-	if s.id == 0 || s.sent.Before(before) || s.sent.After(time.Now()) || s.joinedAt == 0 {
-		t.Errorf("begin = %+v: want a session ID, sent between the call and its return, a position", s)
+	rev := got[0].rev
+	other := namesIn(st.g, 2, 1)
+	if o, _, err := b.claim(ctx, s.id, other); err != nil || len(o) != 1 || !o[0].ok || o[0].rev <= rev {
+		t.Errorf("claim of a name of another bucket = %+v, %v; want ours after %d", o, err, rev)
 	}
-	if id, found, err := b.memberSession(ctx); err != nil || !found || id != s.id {
-		t.Errorf("memberSession = %d, %v, %v; want %d, true", id, found, err, s.id)
-	}
-	if valid, err := b.renew(ctx, s.id); err != nil || valid != testD {
-		t.Errorf("renew = %v, %v; want D, %v", valid, err, testD)
-	}
-	left, granted, err := b.timeLeft(ctx, s.id)
-	if err != nil || granted != testD || left > granted || left < testD-time.Second {
-		t.Errorf("timeLeft = %v of %v, %v; want about %v of %v", left, granted, err, testD, testD)
-	}
-	if err := b.end(ctx, s.id); err != nil {
-		t.Fatalf("end: %v", err)
-	}
-	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("renew after end: %v, want errSessionEnded", err)
-	}
-	if err := b.end(ctx, s.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("end after end: %v, want errSessionEnded", err)
-	}
-	if _, _, err := b.timeLeft(ctx, s.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("timeLeft after end: %v, want errSessionEnded", err)
-	}
-	if id, found, err := b.memberSession(ctx); err != nil || found {
-		t.Errorf("memberSession after end = %d, %v, %v; want none", id, found, err)
-	}
-}
-
-// A second replica with the same ID cannot begin while the first's
-// session lives (errDuplicateSession, and the first keeps its record);
-// it can once that session ended.
-func kubeDuplicateID(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	first, second := st.backendFor("r0"), st.backendFor("r0")
-	s, err := first.begin(ctx, 0, testD, "digest")
-	if err != nil {
-		t.Fatalf("begin: %v", err)
-	}
-	if _, err := second.begin(ctx, 0, testD, "digest"); !errors.Is(err, errDuplicateSession) {
-		t.Fatalf("a second begin of r0: %v, want errDuplicateSession", err)
-	}
-	if id, found, _ := first.memberSession(ctx); !found || id != s.id {
-		t.Errorf("after the refused begin the record is under %d (found %v), want %d", id, found, s.id)
-	}
-	if _, err := first.renew(ctx, s.id); err != nil {
-		t.Errorf("the first session after the refused begin: %v", err)
-	}
-	if err := first.end(ctx, s.id); err != nil {
+	if _, _, err := b.claim(ctx, s.id, namesIn(st.g, 1, 4)[3:]); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := second.begin(ctx, 0, testD, "digest")
+	again, _, err := b.claim(ctx, s.id, names)
 	if err != nil {
-		t.Fatalf("begin after the first session ended: %v", err)
+		t.Fatal(err)
 	}
-	_ = second.end(ctx, s2.id)
-}
-
-// begin with prev moves the member record from prev to the new session
-// (here: prev's Lease deleted on condition of its own last write, a new
-// one created), but only while it is under prev: a record under another
-// session refuses it.
-func kubeMoveFromPrev(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	b, s1 := kubeBegin(t, st, "r0")
-	s2, err := b.begin(ctx, s1.id, testD, "digest")
-	if err != nil {
-		t.Fatalf("begin from the previous session: %v", err)
-	}
-	if s2.id == s1.id {
-		t.Fatalf("begin from %d returned the same session", s1.id)
-	}
-	if id, found, _ := b.memberSession(ctx); !found || id != s2.id {
-		t.Errorf("the record is under %d (found %v), want the new session %d", id, found, s2.id)
-	}
-	if _, err := b.begin(ctx, s1.id, testD, "digest"); !errors.Is(err, errDuplicateSession) {
-		t.Errorf("begin from %d while the record is under %d: %v, want errDuplicateSession", s1.id, s2.id, err)
-	}
-	if _, err := b.renew(ctx, s2.id); err != nil {
-		t.Errorf("the new session after the refused begin: %v", err)
-	}
-	_ = b.end(ctx, s2.id)
-}
-
-// A session nobody renews is proven ended by another replica's observer
-// (the store's watcher) D after it stamped the session's last version,
-// and its record goes with it: another replica with its ID may begin.
-func kubeExpiry(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	b, s := kubeBegin(t, st, "r0")
-	time.Sleep(testD + time.Second)
-	if _, err := b.renew(ctx, s.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("renew %v after begin, unrenewed: %v, want errSessionEnded", testD+time.Second, err)
-	}
-	if _, found, err := b.memberSession(ctx); err != nil || found {
-		t.Errorf("the member record of an expired session: found %v, %v", found, err)
-	}
-	s2, err := st.backendFor("r0").begin(ctx, 0, testD, "digest")
-	if err != nil {
-		t.Fatalf("begin after the session expired: %v", err)
-	}
-	_ = b.end(ctx, s2.id)
-}
-
-// A session renewed more often than D outlives it twice over, with an
-// observer watching it all along.
-func kubeRenewalKeeps(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	b, s := kubeBegin(t, st, "r0")
-	for range 4 {
-		time.Sleep(testD / 2)
-		if _, err := b.renew(ctx, s.id); err != nil {
-			t.Fatalf("renew every half D: %v", err)
+	for _, c := range slices.Concat(got, again) {
+		if !c.ok || c.rev != rev || c.rev == 0 {
+			t.Errorf("%+v: want ours at one position (%d), the first claim's, after another write of the bucket too", c, rev)
 		}
 	}
-	if id, found, _ := b.memberSession(ctx); !found || id != s.id {
-		t.Errorf("after 2 D of renewals the record is under %d (found %v), want %d", id, found, s.id)
+	r1, s1 := kubeBegin(t, st, "r1")
+	defer func() { _ = r1.end(ctx, s1.id) }()
+	got, _, err = r1.claim(ctx, s1.id, names[:1])
+	if err != nil || len(got) != 1 {
+		t.Fatal(got, err)
 	}
-	_ = b.end(ctx, s.id)
+	if c := got[0]; c.ok || c.view == nil || c.view.holder != "r0" || c.view.lease != s.id || c.view.rev != rev || c.hdr < c.view.rev {
+		t.Errorf("claim of r0's %s by r1: %+v (view %+v), want held by r0 under %d at %d", names[0], c, c.view, s.id, rev)
+	}
 }
 
-// putMember rewrites the record (the member Lease's annotation) only
-// under the session named; ensureMember never writes here (the record is
-// the session), and says whose the record is.
-func kubeMemberRecord(t *testing.T, st kubeStore) {
+// The member record is the member Lease's annotation, in ha's format:
+// putMember writes it under its session; a begin from prev writes its own
+// digest into the new Lease.
+func TestBackendMemberRecordIsTheLeasesAnnotation(t *testing.T) {
+	t.Parallel()
+	st := newKubeStore(t, needCluster(t))
 	ctx := t.Context()
 	b, s1 := kubeBegin(t, st, "r0")
 	if ok, err := b.putMember(ctx, s1.id, "other", true); err != nil || !ok {
@@ -245,28 +128,13 @@ func kubeMemberRecord(t *testing.T, st kubeStore) {
 	if v := memberAnnotationNow(t, st, "r0"); v != "r0 names=other (leaving)" {
 		t.Errorf("the member record after putMember: %q", v)
 	}
-	s2, err := b.begin(ctx, s1.id, testD, "digest") // the record moves to s2
+	s2, err := b.begin(ctx, s1.id, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.putMember(ctx, s1.id, "stale", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
-		t.Errorf("putMember under the session the record left = %v, %v; want not written", ok, err)
-	}
-	if under, found, err := b.ensureMember(ctx, s1.id, "stale"); err != nil || !found || under != s2.id {
-		t.Errorf("ensureMember from the old session = %d, %v, %v; want the record left under %d", under, found, err, s2.id)
-	}
-	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); err != nil || !found || under != s2.id {
-		t.Errorf("ensureMember under its session = %d, %v, %v; want %d", under, found, err, s2.id)
-	}
+	defer func() { _ = b.end(ctx, s2.id) }()
 	if v := memberAnnotationNow(t, st, "r0"); v != "r0 names=digest" {
 		t.Errorf("the member record of the new session: %q, want its begin's", v)
-	}
-	_ = b.end(ctx, s2.id)
-	if ok, err := b.putMember(ctx, s2.id, "digest", false); ok || (err != nil && !errors.Is(err, errSessionEnded)) {
-		t.Errorf("putMember under an ended session = %v, %v; want not written", ok, err)
-	}
-	if under, found, err := b.ensureMember(ctx, s2.id, "digest"); found || !errors.Is(err, errSessionEnded) {
-		t.Errorf("ensureMember under an ended session = %d, %v, %v; want errSessionEnded", under, found, err)
 	}
 }
 
@@ -290,134 +158,22 @@ func kubeClaimedBy(got []claimed) map[string]claimed {
 	return m
 }
 
-// Free names of one bucket are all claimed in one write, at one
-// position; claiming them again (an answer lost) finds them this
-// session's, at that position. A name of another bucket is at its own
-// bucket's write, later.
-func kubeClaimFree(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	b, s := kubeBegin(t, st, "r0")
-	defer func() { _ = b.end(ctx, s.id) }()
-	names := namesIn(st.g, 1, 3)
-	got, absent, err := b.claim(ctx, s.id, names)
-	if err != nil || len(absent) != 0 || len(got) != 3 {
-		t.Fatalf("claim of three free names = %v, absent %v, %v", got, absent, err)
-	}
-	rev := got[0].rev
-	for _, c := range got {
-		if !c.ok || c.rev != rev || c.rev == 0 {
-			t.Errorf("claim of free names: %+v, want ours at one position (%d)", c, rev)
-		}
-	}
-	again, absent, err := b.claim(ctx, s.id, names)
-	if err != nil || len(absent) != 0 || len(again) != 3 {
-		t.Fatalf("claim again = %v, absent %v, %v", again, absent, err)
-	}
-	for _, c := range again {
-		if !c.ok || c.rev != rev {
-			t.Errorf("claim again: %+v, want found ours at position %d", c, rev)
-		}
-	}
-	other := namesIn(st.g, 2, 1)
-	got, _, err = b.claim(ctx, s.id, other)
-	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= rev {
-		t.Errorf("claim of a name of another bucket = %+v, %v; want ours after %d", got, err, rev)
-	}
-	// The earlier names keep their position through the later writes of
-	// their bucket.
-	more := namesIn(st.g, 1, 4)[3:]
-	if _, _, err := b.claim(ctx, s.id, more); err != nil {
-		t.Fatal(err)
-	}
-	again, _, err = b.claim(ctx, s.id, names)
-	for _, c := range again {
-		if err != nil || !c.ok || c.rev != rev {
-			t.Errorf("claim again after another write of the bucket: %+v, %v; want ours at %d", c, err, rev)
-		}
-	}
-}
-
-// A held name is reported with its holder and position; the free names
-// of the same claim are taken (here nothing is left to claim again).
-func kubeClaimHeld(t *testing.T, st kubeStore) {
+// end removes the session's entries from its buckets (best effort, but
+// done when nothing fails): the buckets do not keep an ended session's
+// names.
+func TestBackendEndRemovesItsEntries(t *testing.T) {
+	t.Parallel()
+	st := newKubeStore(t, needCluster(t))
 	ctx := t.Context()
 	a, sa := kubeBegin(t, st, "r0")
-	defer func() { _ = a.end(ctx, sa.id) }()
-	names := namesIn(st.g, 0, 2)
-	x, y := names[0], names[1]
-	held, _, err := a.claim(ctx, sa.id, []string{x})
-	if err != nil || len(held) != 1 {
-		t.Fatal(held, err)
-	}
-	b, sb := kubeBegin(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	got, absent, err := b.claim(ctx, sb.id, []string{x, y})
-	if err != nil {
-		t.Fatal(err)
-	}
-	byName := kubeClaimedBy(got)
-	gx := byName[x]
-	if gx.ok || gx.view == nil || gx.view.holder != "r0" || gx.view.lease != sa.id || gx.view.rev != held[0].rev || gx.hdr < gx.view.rev {
-		t.Errorf("claim of held x by r1: %+v (view %+v), want held by r0 under %d at %d", gx, gx.view, sa.id, held[0].rev)
-	}
-	if gy := byName[y]; !gy.ok || len(absent) != 0 {
-		t.Errorf("claim of free y by r1: %+v, absent %v; want ours, nothing to claim again", gy, absent)
-	}
-}
-
-// A session's holdings end with it (end removes its entries), so another
-// may claim them; a session that ended claims nothing.
-func kubeClaimsGoWithSession(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	a, sa := kubeBegin(t, st, "r0")
-	x, y := namesIn(st.g, 0, 1)[0], namesIn(st.g, 3, 1)[0]
-	if _, _, err := a.claim(ctx, sa.id, []string{x}); err != nil {
+	if _, _, err := a.claim(ctx, sa.id, namesIn(st.g, 0, 2)); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.end(ctx, sa.id); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := a.claim(ctx, sa.id, []string{y}); !errors.Is(err, errSessionEnded) {
-		t.Errorf("claim under an ended session: %v, want errSessionEnded", err)
-	}
 	if claims, _ := bucketNow(t, testCluster, st.g, 0); len(claims) != 0 {
 		t.Errorf("bucket 0 after r0's end: %v, want no entries", claims)
-	}
-	b, sb := kubeBegin(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	got, absent, err := b.claim(ctx, sb.id, []string{x, y})
-	if err != nil || len(absent) != 0 || len(got) != 2 || !got[0].ok || !got[1].ok {
-		t.Errorf("claim of the ended session's x and of y = %+v, absent %v, %v; want both ours", got, absent, err)
-	}
-}
-
-// release ends the holding it names and no other: released again after
-// another session claimed the name, it leaves that holding alone.
-func kubeRelease(t *testing.T, st kubeStore) {
-	ctx := t.Context()
-	a, sa := kubeBegin(t, st, "r0")
-	defer func() { _ = a.end(ctx, sa.id) }()
-	x := namesIn(st.g, 0, 1)[0]
-	got, _, err := a.claim(ctx, sa.id, []string{x})
-	if err != nil || len(got) != 1 {
-		t.Fatal(got, err)
-	}
-	old := Claim{Key: x, Revision: got[0].rev, Token: got[0].token}
-	if err := a.release(ctx, old); err != nil {
-		t.Fatalf("release: %v", err)
-	}
-	b, sb := kubeBegin(t, st, "r1")
-	defer func() { _ = b.end(ctx, sb.id) }()
-	got, _, err = b.claim(ctx, sb.id, []string{x})
-	if err != nil || len(got) != 1 || !got[0].ok || got[0].rev <= old.Revision || got[0].token <= old.Token {
-		t.Fatalf("claim of released x by r1 = %+v, %v; want ours at a later position and token than %+v", got, err, old)
-	}
-	if err := a.release(ctx, old); err != nil {
-		t.Fatalf("release of a holding that ended: %v", err)
-	}
-	got, absent, err := a.claim(ctx, sa.id, []string{x})
-	if err != nil || len(absent) != 0 || len(got) != 1 || got[0].ok || got[0].view == nil || got[0].view.holder != "r1" {
-		t.Errorf("after r0 released its old holding again, x = %+v, absent %v, %v; want still r1's", got, absent, err)
 	}
 }
 

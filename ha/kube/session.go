@@ -330,7 +330,7 @@ func (g *group) beginWith(ctx context.Context, id string, annotations map[string
 		return nil, time.Time{}, fmt.Errorf("%w: %s", errDuplicateSession, name)
 	}
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("kube: beginning the session of %s: %w", id, err)
+		return nil, time.Time{}, &createFailed{identity: identity, err: fmt.Errorf("kube: beginning the session of %s: %w", id, err)}
 	}
 	if err := g.sameShape(ctx, name); err != nil {
 		uid, rv := created.UID, created.ResourceVersion
@@ -342,6 +342,18 @@ func (g *group) beginWith(ctx context.Context, id string, annotations map[string
 	s := &session{g: g, id: id, identity: identity, name: name, lease: created, valid: sent.Add(g.duration)}
 	return s, s.valid, nil
 }
+
+// createFailed is beginWith's error when the create of the member Lease
+// failed otherwise than because one exists: the server may have carried
+// it out and its answer been lost (a timeout, a broken connection), the
+// Lease left under identity, which only that begin knew.
+type createFailed struct {
+	identity string
+	err      error
+}
+
+func (e *createFailed) Error() string { return e.err.Error() }
+func (e *createFailed) Unwrap() error { return e.err }
 
 // sameShape lists the group's member Leases with a quorum list, and
 // answers errDurationMismatch, naming the first whose

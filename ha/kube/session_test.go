@@ -87,13 +87,7 @@ func newTestGroup(t *testing.T, c *cluster, buckets int, tp *tap) *group {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		err := c.admin.CoordinationV1().Leases(replicaNamespace).DeleteCollection(context.Background(),
-			metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: groupLabel + "=" + name})
-		if err != nil {
-			t.Errorf("deleting group %s: %v", name, err)
-		}
-	})
+	deleteGroupAtEnd(t, c, name)
 	return groupOn(t, c, g, replicaConfig(c, tp))
 }
 
