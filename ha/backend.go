@@ -120,7 +120,9 @@ type Backend interface {
 	// replica takes a running name's holding whose Created differs as
 	// lost. A store that keeps names in several records (Kubernetes'
 	// buckets) may claim each record's names on their own, a write per
-	// record, each all or nothing, and answer the outcome of each. A
+	// record, and answer the outcome of each; such a write may take a
+	// record's free names even while other names in it are held, so a
+	// free name may come back held by id rather than among the free. A
 	// request the store refuses as too many names fails with
 	// ErrTooManyOps, one too large with ErrTooLarge (wrapped): the
 	// caller halves the batch. ctx bounds it; the caller makes it with
