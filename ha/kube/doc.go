@@ -14,11 +14,10 @@
 // replica's observer has seen its Lease unchanged for the lease duration
 // (Options.TTL) on its own clock; and ClaimFrom's Claim.Token is the
 // name's bucket Lease's leaseTransitions, with Claim.Key that Lease's
-// name (DESIGN.md). Still to come: the split of ha into modules, after
-// which this one no longer brings in the etcd client through ha.
+// name (DESIGN.md). This module requires ha, which holds no store, and
+// brings in no etcd client.
 //
-// Its safety primitives exist, unexported, for the backend interface the
-// shared part of ha will call: a member session per replica, one Lease,
+// It is made of safety primitives: a member session per replica, one Lease,
 // valid from the send time of its last answered renewal, written through
 // a client and rate limiter of its own (session.go, clients.go);
 // observers that prove a silent session ended by a delete guarded by the
@@ -34,19 +33,20 @@
 // safety argument is written where their states are declared. Made of
 // them, kubeBackend (backend.go, backendfeed.go, backendview.go,
 // backendsets.go, backendwatch.go, takeover.go) answers the calls of
-// ha's backend interface, under the same names, and is held to ha's
-// conformance cases on the real API server (backend_test.go).
+// ha.Backend through Store (store.go), and passes every case of ha's
+// conformance suite, package hatest, on the real API server
+// (conformance_test.go).
 //
 // Beneath them lies the ground the backend stands on, tested against a
 // real kube-apiserver rather than a fake:
 //
 //   - deploy/rbac.yaml, the ServiceAccount, Role and RoleBinding a
-//     service's replicas will need: get, list, watch, create, update and
+//     service's replicas need: get, list, watch, create, update and
 //     delete on Lease objects in their own namespace, and nothing else;
 //   - tests that apply that manifest as it is, then, with the replicas'
 //     credentials, go through a Lease's life (create, read, update, list,
 //     watch, delete), see a write from a stale resourceVersion refused with
-//     a Conflict (the optimistic concurrency a claim will rest on), and are
+//     a Conflict (the optimistic concurrency a claim rests on), and are
 //     refused everything outside their own Leases.
 //
 // The tests build the kube-apiserver of a pinned Kubernetes release, and
