@@ -104,7 +104,7 @@
 //     firing late on a busy machine, the cancellations), so that the
 //     whole Margin is the DoFunc's: its p99.9 measured 95ms under -race
 //     with both cores of a 2-core machine busy and the collector running
-//     (TestCancelDelayMeasurement, -ha.canceldelay=40).
+//     (TestCancelDelayMeasurement, -canceldelay=40).
 //     When the fence passes, the replica cancels the context of every
 //     DoFunc and StopFunc (cause [ErrFencePassed]) and runs nothing until
 //     it holds a new lease. No StopFunc starts once the fence has passed,
@@ -216,8 +216,9 @@
 // waiting for its answer as long as the fence has left, so a slow etcd
 // still extends the fence; while one is unanswered, another is sent every
 // quarter period, up to four in flight, which the client puts on its
-// other endpoints (see the next section). A crashed replica's names move after
-// about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
+// other endpoints (on etcd: "The watch, and the client's keepalive
+// settings" in github.com/bgctl/controller/ha/etcd). A crashed replica's
+// names move after about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
 // without an answer, and its names move after its lease expired. A short
 // TTL moves names sooner but stops replicas on shorter etcd hiccups.
 //

@@ -1,5 +1,5 @@
-// The contract of ha's backend interface (ha/backend.go, the cases of
-// ha/conformance_test.go) held against kubeBackend on the real
+// The contract of ha's backend interface (ha/backend.go; ten of the cases
+// of package ha/hatest, ported) held against kubeBackend on the real
 // kube-apiserver, each replica on the replicas' credentials (the
 // manifest's Role and nothing more). Where Kubernetes answers otherwise
 // than etcd, the case says so: a session nobody renews ends when another
