@@ -237,15 +237,6 @@
 // [StatusHandler] serves who runs what, from any replica, as the core's
 // [controller.StatusHandler] serves one process's controllers.
 //
-// # Traps this package avoids
-//
-// concurrency.Session of the etcd client is not used as a fence: its Done
-// channel counts from the last answer received and is checked once a
-// second, so it can close after another replica has started the names.
-// Leases are granted and kept alive with a timeout on every request
-// (Grant and KeepAliveOnce otherwise wait, and retry, as long as their
-// context lets them), and revoked with a context of their own.
-//
 // # Goroutines
 //
 // [New] starts none. [Replica.Join] starts the replica's loop goroutine,
@@ -257,10 +248,10 @@
 // set of names, two claim workers (however many
 // names there are), one worker per name being
 // released (it waits for the controller, then deletes the claim), and the
-// short ones that open the watch and request its progress, all joined when
-// that lease's epoch ends. [Replica.Leave] and [Replica.Close] join the
-// loop. [Replica.GroupStatus] asks etcd from a goroutine per member and
-// joins them before it returns. Each [Replica.Events] subscription has a
+// feed's (on etcd, the short ones that open the watch and request its
+// progress), all joined when that lease's epoch ends. [Replica.Leave] and
+// [Replica.Close] join the loop. [Replica.GroupStatus] asks the store from
+// a goroutine per member and joins them before it returns. Each [Replica.Events] subscription has a
 // goroutine that hands its events over, owned by the subscriber: it ends
 // when the subscriber's context ends or after the replica's last event,
 // closing the channel. The controllers' goroutines belong to the replica's

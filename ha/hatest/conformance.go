@@ -20,7 +20,8 @@ import (
 const TTL = 2 * time.Second
 
 // Group is one fresh group on the store under test: Backend returns the
-// backend of a replica with that ID.
+// backend of a replica with that ID. Backend, SlowBegin and LoseBegin are
+// required: cases call each.
 type Group struct {
 	Backend func(id string) ha.Backend
 	// Slack is how much later than the TTL a session may end: a second
