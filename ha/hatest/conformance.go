@@ -44,8 +44,8 @@ type Group struct {
 
 // A Case is one clause of the contract.
 type Case struct {
-	Name string
-	Test func(t *testing.T, g Group)
+	Name string                      // for t.Run: what the store must do, in CamelCase
+	Test func(t *testing.T, g Group) // runs the clause on g, a group no other case uses
 }
 
 // Cases returns the contract, one case each. A store runs each in a
