@@ -74,10 +74,11 @@ func readmeSnippets(t *testing.T) []readmeSnippet {
 // built in a module of its own that requires this one (replaced by this
 // checkout), so a snippet can be copied into a user's project as it is.
 //
-// A snippet that uses the ha module is vetted and built with it (and with
-// ha/etcd) here, not run: it needs an etcd, and .ci/release-simulation
-// runs the replica program after a go get of ha/etcd from a simulated
-// release.
+// A snippet that uses the ha module is vetted and built here with ha and
+// its store on etcd (ha/etcd), not run: it needs an etcd. ha/etcd's
+// TestReadmeReplicaProgramsRun runs those programs against the tests'
+// etcd, and .ci/release-simulation the one of "Running several replicas",
+// after a go get of ha/etcd from a simulated release.
 // A snippet of the Kubernetes store (ha/kube) is vetted and built by that
 // module's tests instead, with its dependencies.
 func TestReadmeGoSnippets(t *testing.T) {
@@ -113,13 +114,9 @@ func TestReadmeGoSnippets(t *testing.T) {
 		return
 	}
 	t.Run("replicas", func(t *testing.T) {
-		ha := filepath.Join(root, "ha")
-		etcd := filepath.Join(ha, "etcd")
-		dir := snippetModule(t, replicas, []string{etcd, ha, root}, map[string]string{
-			"github.com/bgctl/controller":         root,
-			"github.com/bgctl/controller/ha":      ha,
-			"github.com/bgctl/controller/ha/etcd": etcd,
-		})
+		ha, haEtcd := filepath.Join(root, "ha"), filepath.Join(root, "ha", "etcd")
+		dir := snippetModule(t, replicas, []string{haEtcd, ha, root},
+			map[string]string{"github.com/bgctl/controller": root, "github.com/bgctl/controller/ha": ha, "github.com/bgctl/controller/ha/etcd": haEtcd})
 		buildAndRun(t, goCmd, dir, replicas, nil)
 	})
 }

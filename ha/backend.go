@@ -14,9 +14,10 @@ import (
 // Backend is one replica's access to its Store: everything the package
 // needs from a store to keep "each name on exactly one live replica",
 // while placement, the fence, the claim slots, events, health, metrics
-// and the placement page stay the package's own. [Etcd] returns a Store
-// of etcd backends; the module github.com/bgctl/controller/ha/kube one
-// on the Kubernetes API server. A Replica makes its backend once, in
+// and the placement page stay the package's own. Store in
+// github.com/bgctl/controller/ha/etcd returns a Store of etcd backends,
+// Store in github.com/bgctl/controller/ha/kube one on the Kubernetes API
+// server. A Replica makes its backend once, in
 // [New] (Store.Backend), and is its only caller. Its methods are safe for
 // concurrent use; none starts a goroutine that outlives the call, but
 // Watch, whose goroutines end once its Feed is stopped.

@@ -1,3 +1,6 @@
+// The contract every store keeps (package hatest), on the in-memory store
+// inside a testing/synctest bubble.
+
 package ha_test
 
 import (

@@ -104,7 +104,7 @@
 //     firing late on a busy machine, the cancellations), so that the
 //     whole Margin is the DoFunc's: its p99.9 measured 95ms under -race
 //     with both cores of a 2-core machine busy and the collector running
-//     (TestCancelDelayMeasurement, -ha.canceldelay=40).
+//     (TestCancelDelayMeasurement, -canceldelay=40).
 //     When the fence passes, the replica cancels the context of every
 //     DoFunc and StopFunc (cause [ErrFencePassed]) and runs nothing until
 //     it holds a new lease. No StopFunc starts once the fence has passed,
@@ -216,8 +216,9 @@
 // waiting for its answer as long as the fence has left, so a slow etcd
 // still extends the fence; while one is unanswered, another is sent every
 // quarter period, up to four in flight, which the client puts on its
-// other endpoints (see the next section). A crashed replica's names move after
-// about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
+// other endpoints (on etcd: "The watch, and the client's keepalive
+// settings" in github.com/bgctl/controller/ha/etcd). A crashed replica's
+// names move after about TTL + 0.5s; a partitioned replica stops after at most TTL − Margin
 // without an answer, and its names move after its lease expired. A short
 // TTL moves names sooner but stops replicas on shorter etcd hiccups.
 //
@@ -236,15 +237,6 @@
 // [StatusHandler] serves who runs what, from any replica, as the core's
 // [controller.StatusHandler] serves one process's controllers.
 //
-// # Traps this package avoids
-//
-// concurrency.Session of the etcd client is not used as a fence: its Done
-// channel counts from the last answer received and is checked once a
-// second, so it can close after another replica has started the names.
-// Leases are granted and kept alive with a timeout on every request
-// (Grant and KeepAliveOnce otherwise wait, and retry, as long as their
-// context lets them), and revoked with a context of their own.
-//
 // # Goroutines
 //
 // [New] starts none. [Replica.Join] starts the replica's loop goroutine,
@@ -256,10 +248,10 @@
 // set of names, two claim workers (however many
 // names there are), one worker per name being
 // released (it waits for the controller, then deletes the claim), and the
-// short ones that open the watch and request its progress, all joined when
-// that lease's epoch ends. [Replica.Leave] and [Replica.Close] join the
-// loop. [Replica.GroupStatus] asks etcd from a goroutine per member and
-// joins them before it returns. Each [Replica.Events] subscription has a
+// feed's (on etcd, the short ones that open the watch and request its
+// progress), all joined when that lease's epoch ends. [Replica.Leave] and
+// [Replica.Close] join the loop. [Replica.GroupStatus] asks the store from
+// a goroutine per member and joins them before it returns. Each [Replica.Events] subscription has a
 // goroutine that hands its events over, owned by the subscriber: it ends
 // when the subscriber's context ends or after the replica's last event,
 // closing the channel. The controllers' goroutines belong to the replica's

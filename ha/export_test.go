@@ -1,3 +1,5 @@
+// What the package's external tests (ha_test) reach of its internals.
+
 package ha
 
 import "time"

@@ -34,9 +34,9 @@ var errLeaseEnded = errors.New("ha: lease ended early: its keys were deleted tog
 // and a DoFunc's context being done (the timer firing late, the
 // cancellations, the DoFunc's goroutine being scheduled), so that the
 // whole Margin is left to the DoFunc once it sees its cancel (rule 4).
-// TestCancelDelay measures that delay; with -ha.canceldelay it reports
-// the distribution under -race, GC and busy cores (the figures are in
-// the package documentation, "Choosing TTL and Margin"). Options refuse
+// TestCancelDelayMeasurement measures that delay; with -canceldelay it
+// reports the distribution under -race, GC and busy cores (the figures
+// are in the package documentation, rule 3). Options refuse
 // a Margin below minMargin, twice the lead.
 const cancelLead = 100 * time.Millisecond
 

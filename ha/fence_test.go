@@ -1,3 +1,6 @@
+// Tests of the fence alone, in a synctest bubble; what its passing does
+// to a replica's controllers is tested against etcd, in ha/etcd.
+
 package ha
 
 import (

@@ -1,3 +1,6 @@
+// Tests of Health's reasons, from a table; a replica's Health through a
+// partition and a same-ID replica is tested against etcd, in ha/etcd.
+
 package ha
 
 import (
@@ -10,7 +13,7 @@ import (
 // Each state gives its reasons, each wrapping its sentinels, with a text
 // that names the replica and quotes the causes without a second "ha: ".
 func TestHealthReasons(t *testing.T) {
-	dup := errors.New("ha: another live replica has this ID: member key /svc/members/r0 held by lease 7f")
+	dup := errors.New("ha: another live replica has this ID: the member record of r0 held by session 7f")
 	dup = errors.Join(ErrDuplicateID, dup) // as the loop's cause wraps it
 	joinErr := errors.New("ha: granting a lease of 10s: context deadline exceeded")
 	healthy := healthView{leased: true, listed: true, inView: true, silent: time.Second, window: 7500 * time.Millisecond}

@@ -1,3 +1,6 @@
+// Tests of Options: every bad field named, the defaults, and a
+// registration that cannot run refused.
+
 package ha
 
 import (

@@ -1,3 +1,5 @@
+// Tests of the pauses between attempts to join again.
+
 package ha
 
 import (

@@ -232,13 +232,15 @@ type stopRequest struct {
 	leave bool // true: Leave, false: Close
 }
 
-// New makes a Replica on store ([Etcd], or the Kubernetes store of the
-// module github.com/bgctl/controller/ha/kube) that is not a member yet:
-// it checks opts, makes the inner [controller.Manager] and asks store for
-// its Backend, but sends nothing and starts no goroutine. Register the service's controllers on it, then call
-// [Replica.Join]: the replica then knows every name from its first view of
-// the members, and claims only its share (see Options.Settle). Leave or
-// Close before Join release the Replica, which holds nothing.
+// New makes a Replica on store (the etcd store of the module
+// github.com/bgctl/controller/ha/etcd, or the Kubernetes store of
+// github.com/bgctl/controller/ha/kube) that is not a member yet: it
+// checks opts, makes the inner [controller.Manager] and asks store for
+// its Backend, but sends nothing and starts no goroutine. Register the
+// service's controllers on it, then call [Replica.Join]: the replica then
+// knows every name from its first view of the members, and claims only
+// its share (see Options.Settle). Leave or Close before Join release the
+// Replica, which holds nothing.
 func New(store Store, opts Options) (*Replica, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: the store must not be nil", ErrInvalidOptions)

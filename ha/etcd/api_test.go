@@ -6,6 +6,7 @@ package etcd
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -18,14 +19,63 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// No key of one group reads as a member or claim key of another: every
-// pair of accepted prefixes built from these elements, every key of the
-// first (members and claims, with names that look like keys themselves),
-// none under the second's member or claim prefix unless the prefixes are
-// one. Before the check, a's claim "members/x" under "/p" read to the
-// group "/p/claims" as a member x.
+// kinds returns the prefixes under which a group's keys of each kind live
+// (members, claims, published sets), read from every field of k but the
+// group's whole prefix, so that a kind added to the layout is checked too.
+func kinds(k keys) []string {
+	v := reflect.ValueOf(k)
+	var out []string
+	for i := range v.NumField() {
+		if p := v.Field(i).String(); p != k.all {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// layoutElements returns the elements the key layout puts after a Prefix:
+// "members", "claims", "name-sets".
+func layoutElements() []string {
+	k := keysOf("p")
+	var out []string
+	for _, p := range kinds(k) {
+		out = append(out, strings.TrimSuffix(strings.TrimPrefix(p, k.all), "/"))
+	}
+	return out
+}
+
+// ha refuses a Prefix that holds an element of this package's key layout,
+// from a list of its own (ha knows no layout): an element it let through
+// would let a group "/p" and a group "/p/<element>" read each other's
+// keys (TestGroupsNeverSeeEachOthersKeys). The elements come from the
+// layout, so a renamed or added one is checked against ha's list.
+func TestLayoutElementsAreRefusedInAPrefix(t *testing.T) {
+	elems := layoutElements()
+	if len(elems) < 3 {
+		t.Fatalf("the layout has the elements %q: want members, claims and published sets at least", elems)
+	}
+	for _, elem := range elems {
+		for _, prefix := range []string{elem, "/p/" + elem, "p/" + elem + "/q"} {
+			r, err := ha.New(Store(new(clientv3.Client)), ha.Options{Prefix: prefix, ID: "x", Logger: quietLogger()})
+			if err == nil {
+				r.Close()
+			}
+			if !errors.Is(err, ha.ErrInvalidOptions) || !strings.Contains(err.Error(), "Prefix must not have") {
+				t.Errorf("Prefix %q, which holds the key layout's element %q: New returned %v, want it refused", prefix, elem, err)
+			}
+		}
+	}
+}
+
+// No key of one group reads as a key of another: every pair of accepted
+// prefixes built from these elements and the layout's, every key of the
+// first (members, claims with names that look like keys themselves, and
+// published sets), none under any of the second's kinds of key unless the
+// prefixes are one. Before the check, a's claim "members/x" under "/p"
+// read to the group "/p/claims" as a member x.
 func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
-	elems := []string{"p", "q", "members", "claims", "name-sets", "names", "claim", "m", ""}
+	layout := layoutElements()
+	elems := append([]string{"p", "q", "members", "claims", "name-sets", "names", "claim", "m", ""}, layout...)
 	var prefixes []string
 	for _, a := range elems {
 		for _, b := range elems {
@@ -42,8 +92,11 @@ func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
 			}
 		}
 	}
-	ids := []string{"x", "members", "claims", "name-sets"}
+	ids := append([]string{"x", "members", "claims", "name-sets"}, layout...)
 	names := []string{"x", "members/x", "claims/x", "names/x", "/members/x", "p/members/x", "q/claims/claims/x", "q/names/x/d/0-of-1", ""}
+	for _, e := range layout {
+		names = append(names, e+"/x", "q/"+e+"/x", "q/"+e+"/x/d/0-of-1")
+	}
 	for _, p1 := range prefixes {
 		k1 := keysOf(p1)
 		var keys []string
@@ -60,10 +113,11 @@ func TestGroupsNeverSeeEachOthersKeys(t *testing.T) {
 			if p1 == p2 {
 				continue
 			}
-			k2 := keysOf(p2)
 			for _, key := range keys {
-				if strings.HasPrefix(key, k2.members) || strings.HasPrefix(key, k2.claims) || strings.HasPrefix(key, k2.names) {
-					t.Errorf("key %q of the group %q reads as a key of the group %q", key, p1, p2)
+				for _, kind := range kinds(keysOf(p2)) {
+					if strings.HasPrefix(key, kind) {
+						t.Errorf("key %q of the group %q reads as a key of the group %q", key, p1, p2)
+					}
 				}
 			}
 		}

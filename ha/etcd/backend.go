@@ -273,7 +273,7 @@ func claimErr(err error) error {
 }
 
 // Release deletes the claim key in a transaction guarded by its create
-// revision (Claim.Held).
+// revision (Held).
 func (b *etcdBackend) Release(ctx context.Context, c ha.Claim) error {
 	c.Key = b.claimPrefix + c.Name
 	_, err := b.cli.Txn(ctx).If(Held(c)).Then(clientv3.OpDelete(c.Key)).Commit()

@@ -32,8 +32,8 @@ import (
 // because its caller cancelled it (gRPC code Canceled, or
 // [context.Canceled]; a closed client cancels its requests too). The
 // caller got that error back and caused it, so the line tells nothing the
-// caller does not know. [Replica.Leave] and [Replica.Close] cause such
-// lines: they cancel the DoFuncs' contexts, so a DoFunc's request in
+// caller does not know. A Replica's Leave and Close (package ha) cause
+// such lines: they cancel the DoFuncs' contexts, so a DoFunc's request in
 // flight fails that way, and end the replica's own requests (its watch, a
 // keepalive waiting for its period). A request that ran out of time
 // (DeadlineExceeded), or failed otherwise, stays at Warn.

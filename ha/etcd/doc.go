@@ -85,4 +85,13 @@
 // another endpoint; until it knows (up to two election timeouts), the
 // hedged keepalives keep the fence open. A quorum lost for longer than
 // TTL − Margin passes every replica's fence.
+//
+// # Traps this store avoids
+//
+// concurrency.Session of the etcd client is not used as a fence: its Done
+// channel counts from the last answer received and is checked once a
+// second, so it can close after another replica has started the names.
+// Leases are granted and kept alive with a timeout on every request
+// (Grant and KeepAliveOnce otherwise wait, and retry, as long as their
+// context lets them), and revoked with a context of their own.
 package etcd

@@ -1,4 +1,4 @@
-// Tests of EtcdClientLogger: zap's entries reach the slog handler with
+// Tests of ClientLogger: zap's entries reach the slog handler with
 // their levels and fields, and a request its caller cancelled is not a
 // warning, as none is during a Leave.
 

@@ -1,5 +1,5 @@
-// Tests of the fence alone, in a synctest bubble, and of what its passing
-// does to a replica's controllers, against etcd.
+// What a fence pass does to a replica's controllers, against etcd (the
+// fence alone is tested in package ha, in a synctest bubble).
 
 package etcd
 

@@ -1,5 +1,6 @@
-// Tests of Health: the reasons from a table, then a replica against etcd
-// through a quiet spell, a partition, a same-ID replica and its Close.
+// Tests of Health against etcd: a replica through a quiet spell, a
+// partition, a same-ID replica and its Close (the reasons' table is in
+// package ha).
 
 package etcd
 

@@ -1,3 +1,6 @@
+// Tests of the etcd key layout and member record format, and of a Store
+// on no client.
+
 package etcd
 
 import (

@@ -1,12 +1,14 @@
 // The view's watch against a real etcd: a watch that lags more than
 // etcd's catch-up batch behind restarts nothing, a stalled one is
-// replaced, a quiet one is kept.
+// replaced (its feed failing with ha.ErrFeedSilent), a quiet one is kept.
 
 package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -167,6 +169,69 @@ func TestStalledWatchIsReplaced(t *testing.T) {
 		t.Errorf("r0's view of the members is %v, want [r0]", got)
 	}
 	c.rec.AssertNoOverlap(t)
+}
+
+// A feed whose watch says nothing, not even an answer to its progress
+// requests, gives up after BackendConfig.Window with an error that wraps
+// ha.ErrFeedSilent: ha's loop lists again at once on that error alone,
+// and after its retry pause on any other (the feed has waited long
+// already).
+func TestSilentFeedFailsWithErrFeedSilent(t *testing.T) {
+	needEtcd(t)
+	st := newWatchStaller(t, testEtcd)
+	cli := newClient(t, st.addr())
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const window = 1500 * time.Millisecond
+	prefix := fmt.Sprintf("/test/silentfeed/%d", time.Now().UnixNano())
+	b := newEtcdBackend(cli, ha.BackendConfig{Group: prefix, ID: "r0", RequestTimeout: 2 * time.Second,
+		RenewEvery: window / 4, Window: window, Logger: slog.New(slog.DiscardHandler), Stopping: ctx})
+	_, at, err := b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	f := b.Watch(at, &wg)
+	defer func() { f.Stop(); wg.Wait() }()
+	// A write the feed delivers shows its watch open, and so held by the
+	// stall that follows.
+	put, err := cli.Put(ctx, prefix+"/noise/0", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for heard := false; !heard; {
+		select {
+		case fb := <-f.Batches():
+			if fb.Err != nil {
+				t.Fatalf("the feed failed before the stall: %v", fb.Err)
+			}
+			heard = fb.At >= put.Header.Revision
+		case <-time.After(10 * time.Second):
+			t.Fatal("the feed delivered no batch of the write within 10s")
+		}
+	}
+	st.stall()
+	stalled := time.Now()
+	for {
+		select {
+		case fb := <-f.Batches():
+			if fb.Err == nil {
+				continue // sent before the stall took hold
+			}
+			took := time.Since(stalled)
+			t.Logf("the feed failed %v after the stall (window %v): %v", took, window, fb.Err)
+			if !errors.Is(fb.Err, ha.ErrFeedSilent) {
+				t.Errorf("a silent feed failed with %v, want an error that wraps ha.ErrFeedSilent", fb.Err)
+			}
+			if took < window-window/4 {
+				t.Errorf("the feed gave up %v after the stall, before its window (%v) could pass", took, window)
+			}
+			return
+		case <-time.After(window + 10*time.Second):
+			t.Fatalf("the feed did not fail within %v of the stall", window+10*time.Second)
+		}
+	}
 }
 
 func TestCheckWatch(t *testing.T) {

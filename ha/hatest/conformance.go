@@ -1,8 +1,5 @@
-// Package hatest checks a store against the contract the Replicas of
-// package ha rely on: the cases of [Cases], each run on a fresh group of
-// the store under test. Every store of this repository passes them: etcd
-// in real time, the Kubernetes API server in real time, and an in-memory
-// store inside a testing/synctest bubble, exact and instant.
+// The contract's cases, the Group a store runs each on, and their helpers.
+
 package hatest
 
 import (
@@ -23,7 +20,8 @@ import (
 const TTL = 2 * time.Second
 
 // Group is one fresh group on the store under test: Backend returns the
-// backend of a replica with that ID.
+// backend of a replica with that ID. Backend, SlowBegin and LoseBegin are
+// required: cases call each.
 type Group struct {
 	Backend func(id string) ha.Backend
 	// Slack is how much later than the TTL a session may end: a second
@@ -55,8 +53,8 @@ type Group struct {
 
 // A Case is one clause of the contract.
 type Case struct {
-	Name string
-	Test func(t *testing.T, g Group)
+	Name string                      // for t.Run: what the store must do, in CamelCase
+	Test func(t *testing.T, g Group) // runs the clause on g, a group no other case uses
 }
 
 // Cases returns the contract, one case each. A store runs each in a

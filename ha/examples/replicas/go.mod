@@ -73,6 +73,5 @@ require (
 replace (
 	github.com/bgctl/controller => ../../..
 	github.com/bgctl/controller/ha => ../..
+	github.com/bgctl/controller/ha/etcd => ../../etcd
 )
-
-replace github.com/bgctl/controller/ha/etcd => ../../etcd

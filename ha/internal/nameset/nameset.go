@@ -1,6 +1,5 @@
-// Package nameset is how a replica publishes the set of names it
-// registers: deflated chunks of length-prefixed names, the same on every
-// store.
+// The encoding of a published set of names, and its decoding.
+
 package nameset
 
 import (

@@ -1,6 +1,6 @@
-// Package place decides which member runs a name in Spread mode:
-// rendezvous hashing, a pure function of the members' IDs that every
-// replica of every version sharing a group computes alike.
+// Rendezvous hashing: a member's score for a name, the owner, and the
+// placement the tests expect of it.
+
 package place
 
 import (

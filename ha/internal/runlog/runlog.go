@@ -1,6 +1,5 @@
-// Package runlog records every DoFunc run and StopFunc call of a test's
-// names across the replicas that run them, and checks that no name ever
-// ran on two replicas at once. The tests of every store use it.
+// The recorder of runs, and the checks on what it recorded.
+
 package runlog
 
 import (
