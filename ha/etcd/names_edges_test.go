@@ -307,7 +307,12 @@ func publishedBytes(t *testing.T, cli *clientv3.Client, prefix string, from, to 
 func TestRuntimeRegistrationPublishesNoWholeSets(t *testing.T) {
 	const n, added = 20000, 10
 	opts := testOptions()
-	opts.TTL, opts.Margin = 4*time.Second, time.Second // 20,000 names under -race on two busy cores
+	// The defaults, as a service of this size runs: 20,000 names under
+	// -race on two busy cores, and a difference waits publishAfter,
+	// (TTL − Margin)/4 = 1.875s, before a replica publishes its set; the
+	// replicas' digests, written 20ms apart, reach each other well within
+	// it unless the machine is loaded past what a service would tolerate.
+	opts.TTL, opts.Margin = 10*time.Second, 2500*time.Millisecond
 	c := newCluster(t, 0, opts)
 	for i := range n {
 		c.names = append(c.names, fmt.Sprintf("tenant-%x", place.Score("t", fmt.Sprint(i))))
