@@ -41,7 +41,8 @@ type lastEnds struct {
 // endsLocked acts on the deletions of one revision: this epoch's lease
 // ended when two or more of its keys went at once (its member key and a
 // claim, or two claims: a release deletes one), and the fence passes at
-// once; others' claims are checked for an early end (claimGoneLocked).
+// once; others' claims are checked for an early end (claimGoneLocked),
+// and those of sessions ended unseen handed over (takeOverLocked).
 func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 	if e.own >= 2 && ep.fence.open() {
 		r.log.Warn("the lease's keys were deleted together while it is renewed: etcd ended it early (a revoke, or a stale leader); stopping every controller here at once", "lease", leaseHex(ep.lease))
@@ -51,6 +52,7 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 	for name, c := range e.claims {
 		r.claimGoneLocked(name, c, now, &warned)
 	}
+	r.takeOverLocked(ep, e.claims)
 	e.own = 0
 	clear(e.claims)
 }
@@ -67,13 +69,7 @@ func (r *Replica) endsLocked(ep *epoch, e *lastEnds, now time.Time) {
 // calls that share warned (the deletions of one revision, or one listing):
 // a scan of the quarantine per name would make a mass end quadratic.
 func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warned *map[SessionID]bool) {
-	if c.holder == r.opts.ID {
-		return
-	}
-	if _, member := r.memberLeases[c.holder]; member {
-		return
-	}
-	if g, ok := r.gone[c.holder]; ok && (g.lease != c.lease || g.leaving) {
+	if !r.endedWithLeaseLocked(c) {
 		return
 	}
 	until, early := r.holdUntilLocked(c.lease, now)
@@ -89,6 +85,21 @@ func (r *Replica) claimGoneLocked(name string, c claimView, now time.Time, warne
 	}
 	r.quarantine[name] = quarantined{holder: c.holder, lease: c.lease, until: until}
 	r.dirty[name] = struct{}{}
+}
+
+// endedWithLeaseLocked reports whether claim c, which the view saw go,
+// went with its holder's lease (claimGoneLocked): the holder is another
+// replica, no member now, that neither marked itself leaving nor moved
+// on to another lease.
+func (r *Replica) endedWithLeaseLocked(c claimView) bool {
+	if c.holder == r.opts.ID {
+		return false
+	}
+	if _, member := r.memberLeases[c.holder]; member {
+		return false
+	}
+	g, ok := r.gone[c.holder]
+	return !ok || (g.lease == c.lease && !g.leaving)
 }
 
 // holdUntilLocked returns until when the names of lease l, whose keys the

@@ -141,6 +141,10 @@ type kubeBackend struct {
 	members  map[string]*coordinationv1.Lease // guarded by mu: the feed's member Leases, by member ID
 	wrote    map[sessionID]map[int]struct{}   // guarded by mu: the buckets each session wrote entries into, for end
 	listed   *listing                         // guarded by mu: the last listing list answered, where watch starts (backendview.go)
+	// moved, when not nil, is closed by the next remember, for the
+	// claims waiting for a bucket to move (awaitHandOvers). Guarded by
+	// mu.
+	moved chan struct{}
 }
 
 // newKubeBackend returns the backend of member id in g, its observer
@@ -629,7 +633,11 @@ func (g *group) claimBatch() (names, bytes int) {
 // claim makes session id the holder of names: one change per bucket the
 // names fall in (claimWorkers at a time), each starting from the version
 // of the bucket the backend last saw (the feed's, or its own last
-// write's) and reading it only after a conflict. Each name is ours
+// write's) and reading it only after a conflict. It first waits for the
+// buckets the survivors of a crash are handing over (awaitHandOvers), so
+// that names handed to this session cost no write of its own; a bucket
+// that gives it its names already is read with one list for the whole
+// call (bucketsAgain). Each name is ours
 // (written now, or found so), or another's, with its holder; a name held
 // by a session this replica's observer judges ended is taken
 // (bucketClaims.apply). There are no names to claim again here: every
@@ -654,6 +662,8 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 		i := bucketOf(n, b.g.buckets)
 		byBucket[i] = append(byBucket[i], n)
 	}
+	b.awaitHandOvers(ctx, byBucket)
+	again := b.bucketsAgain()
 	var mu sync.Mutex
 	var errs []error
 	b.each(slices.Sorted(func(yield func(int) bool) {
@@ -664,7 +674,11 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 		}
 	}), func(i int) {
 		rctx, cancel := b.request(ctx) // each bucket's write on its own: the call is as long as its buckets take
-		res, err := b.g.change(rctx, b.o, i, claimChange{claim: byBucket[i]}, s.claimWriter(), b.known(i))
+		from := b.known(i)
+		if from != nil {
+			from.again = again
+		}
+		res, err := b.g.change(rctx, b.o, i, claimChange{claim: byBucket[i]}, s.claimWriter(), from)
 		cancel()
 		if err == nil {
 			b.remember(i, res.lease)
@@ -706,6 +720,35 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 		return nil, nil, fmt.Errorf("kube: the claim of %d names was answered after session %s's validity ended", len(names), s.identity)
 	}
 	return got, nil, nil
+}
+
+// bucketsAgain returns the known.again of one call's buckets: the first
+// bucket that needs it lists every bucket Lease of the group, with one
+// quorum list under that bucket's request context, and each bucket of
+// the call finds its version there (nil: absent); a list that fails is
+// tried again by the next. So a claim of names the buckets hold already
+// (handed over by a survivor's takeOver, or claimed by an earlier call
+// whose answer was lost) costs one request, not a read per bucket,
+// which at the client's rate limit would take seconds. The list is sent
+// after the call began, as each bucket's own read would be.
+func (b *kubeBackend) bucketsAgain() func(ctx context.Context, name string) (*coordinationv1.Lease, error) {
+	var mu sync.Mutex
+	var listed map[string]*coordinationv1.Lease // guarded by mu: the listing, by Lease name, once made
+	return func(ctx context.Context, name string) (*coordinationv1.Lease, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if listed == nil {
+			ls, err := b.g.listBuckets(ctx)
+			if err != nil {
+				return nil, err
+			}
+			listed = make(map[string]*coordinationv1.Lease, len(ls.Items))
+			for i := range ls.Items {
+				listed[ls.Items[i].Name] = &ls.Items[i]
+			}
+		}
+		return listed[name], nil
+	}
 }
 
 // noteWrote records that session id wrote entries into bucket i.
@@ -763,6 +806,20 @@ func (b *kubeBackend) remember(i int, l *coordinationv1.Lease) {
 		return
 	}
 	b.buckets[i] = known{lease: l}
+	if b.moved != nil {
+		close(b.moved)
+		b.moved = nil
+	}
+}
+
+// bucketsMoved returns a channel that the next remember closes.
+func (b *kubeBackend) bucketsMoved() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.moved == nil {
+		b.moved = make(chan struct{})
+	}
+	return b.moved
 }
 
 // rvOf returns l's resourceVersion as an integer, 0 if it is not one.

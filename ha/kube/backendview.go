@@ -223,12 +223,13 @@ func (v *groupView) memberRecord(id string) *seamChange {
 func (v *groupView) claimRecords(i int) map[string]seamChange {
 	recs := map[string]seamChange{}
 	l := v.buckets[i]
+	pos := positions(l)
 	for name, e := range v.claims[i] {
 		if v.over[e.session] {
 			continue
 		}
 		member, _ := identityID(e.session)
-		at := position(l, e.token)
+		at := pos(e.token)
 		recs[name] = seamChange{kind: claimPut, at: at, member: member, name: name, session: idOf(e.session), created: at}
 	}
 	return recs

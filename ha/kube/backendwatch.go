@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -129,9 +130,23 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 	var waiting time.Time
 	tick := time.NewTicker(b.g.duration / 8)
 	defer tick.Stop()
+	// due fires when the earliest stamp falls due (observer.nextDue), as
+	// a tick: a silent session is proven ended then, not up to D/8 later
+	// at the next tick. It fires once for a due time (fired): a proof
+	// that failed is tried again at the ticks.
+	due := time.NewTimer(0)
+	defer due.Stop()
+	var fired time.Time
 	for {
 		var fb feedBatch
-		endsNow := false
+		endsNow, ticked := false, false
+		var now time.Time
+		var dueC <-chan time.Time
+		next, ok := b.o.nextDue()
+		if ok && next.After(fired) {
+			due.Reset(time.Until(next))
+			dueC = due.C
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -149,7 +164,12 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 			}
 			pos = max(pos, at)
 			fb.changes, fb.at, endsNow = changes, pos, true
-		case now := <-tick.C:
+		case now = <-tick.C:
+			ticked = true
+		case now = <-dueC:
+			ticked, fired = true, next
+		}
+		if ticked {
 			if v == nil {
 				continue
 			}
@@ -263,26 +283,27 @@ func (v *groupView) endOf(identity string, at int64) []seamChange {
 		}
 		delete(v.members, id)
 	}
-	before := map[int]map[string]seamChange{}
-	var held []int // the buckets that hold entries of identity
+	gone := map[int][]string{} // the names of identity's entries, by bucket
 	for i, c := range v.claims {
-		for _, e := range c {
+		for name, e := range c {
 			if e.session == identity {
-				before[i] = v.claimRecords(i)
-				held = append(held, i)
-				break
+				gone[i] = append(gone[i], name)
 			}
 		}
 	}
-	slices.Sort(held)
 	keys := v.chunkKeys()
 	chunks := map[chunkKey]*seamChange{}
 	for _, k := range keys {
 		chunks[k] = v.chunkRecord(k)
 	}
 	v.over[identity] = true
-	for _, i := range held {
-		chs = append(chs, diffClaims(before[i], v.claimRecords(i), at)...)
+	// Its holdings are all that leave the buckets' records (claimRecords:
+	// the entries of sessions not over), and nothing else changes there.
+	for _, i := range slices.Sorted(maps.Keys(gone)) {
+		slices.Sort(gone[i])
+		for _, name := range gone[i] {
+			chs = append(chs, seamChange{kind: claimGone, at: at, name: name})
+		}
 	}
 	for _, k := range keys {
 		chs = append(chs, diffChunk(chunks[k], v.chunkRecord(k), k, at)...)

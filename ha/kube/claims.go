@@ -319,15 +319,25 @@ const positionsAnnotation = "ha.bgctl.dev/positions"
 // resource compare as integers across objects, so the positions of
 // entries in different buckets order their writes. It answers 0 when l
 // does not say (a token no entry carries, or a Lease written by hand).
-func position(l *coordinationv1.Lease, token int64) int64 {
-	if l == nil {
-		return 0
+func position(l *coordinationv1.Lease, token int64) int64 { return positions(l)(token) }
+
+// positions returns position of l's tokens, decoding l's positions
+// annotation once, the first time a token needs it: for the entries of
+// a whole bucket.
+func positions(l *coordinationv1.Lease) func(token int64) int64 {
+	var earlier map[int64]int64
+	return func(token int64) int64 {
+		switch {
+		case l == nil:
+			return 0
+		case token == int64(transitions(l)):
+			rv, _ := strconv.ParseInt(l.ResourceVersion, 10, 64)
+			return rv
+		case earlier == nil:
+			earlier = positionsOf(l)
+		}
+		return earlier[token]
 	}
-	if token == int64(transitions(l)) {
-		rv, _ := strconv.ParseInt(l.ResourceVersion, 10, 64)
-		return rv
-	}
-	return positionsOf(l)[token]
 }
 
 // positionsOf decodes l's positions annotation, "token=rv,…"; a pair that

@@ -112,9 +112,15 @@ type writer struct {
 func (s *session) writer() writer { return writer{identity: s.identity, check: s.stateErr} }
 
 // known is a version of a bucket Lease the caller has already seen (the
-// feed's, or its own last write's): lease, or nil when the bucket was
-// known absent.
-type known struct{ lease *coordinationv1.Lease }
+// feed's, its own last write's, or a list's): lease, or nil when the
+// bucket was known absent. again, when not nil, is how change reads the bucket
+// when the version known would write nothing: a quorum read shared by
+// the buckets of one call (claim's listing), in place of a read of its
+// own.
+type known struct {
+	lease *coordinationv1.Lease
+	again func(ctx context.Context, name string) (*coordinationv1.Lease, error) // nil (absent), or the bucket named as a quorum read sent after the caller began found it
+}
 
 // change is session.change for any writer w; from, when not nil, is the
 // version the first try starts from instead of a quorum read: the write
@@ -123,7 +129,8 @@ type known struct{ lease *coordinationv1.Lease }
 // writes a bucket with one request, not two.) A change that would write
 // nothing on the version known reads the bucket all the same and works
 // it out again: the version known may be behind, and a name found
-// already held, or already free, must be so now.
+// already held, or already free, must be so now: from.again reads it, if
+// set, else a quorum read of the bucket.
 func (g *group) change(ctx context.Context, o *observer, i int, ch claimChange, w writer, from *known) (changeResult, error) {
 	if i < 0 || i >= g.buckets {
 		return changeResult{}, fmt.Errorf("kube: bucket %d out of [0, %d)", i, g.buckets)
@@ -138,8 +145,9 @@ func (g *group) change(ctx context.Context, o *observer, i int, ch claimChange, 
 		}
 		return nil
 	}
+	again := false // the first try would have written nothing on the version known: read it by from.again
 	for try := 0; ; try++ {
-		if try > 0 {
+		if try > 0 && !again {
 			if err := changeBackoff(ctx, try); err != nil {
 				return changeResult{}, fmt.Errorf("%w: %s, %d tries: %w", errBucketContended, name, try, err)
 			}
@@ -149,12 +157,21 @@ func (g *group) change(ctx context.Context, o *observer, i int, ch claimChange, 
 		}
 		var cur *coordinationv1.Lease
 		var err error
-		if try == 0 && from != nil {
+		switch {
+		case try == 0 && from != nil:
 			cur = from.lease.DeepCopy() // DeepCopy of nil is nil: absent
-		} else if cur, err = g.leases.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) { // no resourceVersion: a quorum read
-			cur = nil
-		} else if err != nil {
-			return changeResult{}, fmt.Errorf("kube: reading %s: %w", name, err)
+		case again:
+			again = false
+			if cur, err = from.again(ctx, name); err != nil {
+				return changeResult{}, fmt.Errorf("kube: reading %s: %w", name, err)
+			}
+			cur = cur.DeepCopy()
+		default:
+			if cur, err = g.leases.Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) { // no resourceVersion: a quorum read
+				cur = nil
+			} else if err != nil {
+				return changeResult{}, fmt.Errorf("kube: reading %s: %w", name, err)
+			}
 		}
 		absent := cur == nil
 		claims := bucketClaims{}
@@ -178,6 +195,7 @@ func (g *group) change(ctx context.Context, o *observer, i int, ch claimChange, 
 			res.got[n] = claims[n].token
 		}
 		if !changed && try == 0 && from != nil {
+			again = from.again != nil
 			continue // the version known may be behind: a change that writes nothing reads to be sure
 		}
 		if !changed {

@@ -452,6 +452,21 @@ func (o *observer) due(now time.Time) []string {
 	return ids
 }
 
+// nextDue returns the earliest time a stamped version falls due, of the
+// sessions whose end the observer does not know of, and false if there
+// is none.
+func (o *observer) nextDue() (time.Time, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var next time.Time
+	for id, st := range o.stamps {
+		if _, over := o.ends[id]; !over && (next.IsZero() || st.due().Before(next)) {
+			next = st.due()
+		}
+	}
+	return next, !next.IsZero()
+}
+
 // expire proves the session identity ended if it can: if the stamped
 // version of its member Lease is due, it reads the Lease with a quorum
 // read, and if that shows the same version, deletes it on condition of

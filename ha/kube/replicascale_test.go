@@ -2,7 +2,8 @@
 // real API server: the time and the writes for three replicas to place
 // -kube.replicascale names, for the survivors to run a crashed replica's
 // share, and the writes a second in steady state, at a client rate limit
-// a user can set.
+// a user can set; and, on every run, the bound on a crash at a scale that
+// spreads each survivor's share over every bucket.
 
 package kube
 
@@ -28,50 +29,48 @@ var (
 	replicaScaleD   = flag.Duration("kube.replicascale.d", 10*time.Second, "with -kube.replicascale: the replicas' TTL, the lease duration D")
 )
 
-// TestReplicaScaleMeasurement measures three ha replicas on the
-// Kubernetes store (256 buckets), each with -kube.replicascale names
-// registered and its clients limited to -kube.replicascale.qps: the time
-// and the writes until every name runs on exactly one of them; the
-// writes a second over 3·D of steady state; then one replica is cut off
-// and closed (a crash), and the time and the writes until its names run
-// on the two others, against D + 5 s. Zero overlap throughout. A
-// measurement, run on demand:
-//
-//	go test -run TestReplicaScaleMeasurement -kube.replicascale=100000 -v .
-func TestReplicaScaleMeasurement(t *testing.T) {
-	n := *replicaScale
-	if n == 0 {
-		t.Log("a measurement, not a test: run it with -kube.replicascale=100000")
-		return
-	}
+// scaleGroup is three ha replicas, a, b and c, on the Kubernetes store
+// (256 buckets), each registering every one of names, its clients
+// limited to qps requests a second (burst: twice that), its TTL d, its
+// writes counted, and its transport one the test can cut. Every start
+// is recorded in rec, and any overlap fails the test at its end.
+type scaleGroup struct {
+	t      *testing.T
+	d      time.Duration
+	names  []string
+	rec    *runs
+	writes atomic.Int64
+	cuts   map[string]*cut
+	rs     map[string]*ha.Replica // the replicas not crashed
+}
+
+// newScaleGroup makes the replicas of a new group with n names; none
+// has joined yet.
+func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGroup {
 	c := needCluster(t)
 	applyManifest(t, c)
-	d := *replicaScaleD
+	g := &scaleGroup{t: t, d: d, rec: newRuns(), cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
 	group := "s" + strings.ToLower(rand.Text()[:10])
-	rec := newRuns()
-	names := make([]string, n)
-	for i := range names {
-		names[i] = fmt.Sprintf("name-%06d", i)
+	g.names = make([]string, n)
+	for i := range g.names {
+		g.names[i] = fmt.Sprintf("name-%06d", i)
 	}
-	var writes atomic.Int64
-	cuts := map[string]*cut{}
-	rs := map[string]*ha.Replica{}
 	t.Cleanup(func() {
-		for _, r := range rs {
+		for _, r := range g.rs {
 			_ = r.Close()
 		}
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		if rec.overlaps != 0 {
-			t.Errorf("%d starts while another run of the name was in progress; want none", rec.overlaps)
+		g.rec.mu.Lock()
+		defer g.rec.mu.Unlock()
+		if g.rec.overlaps != 0 {
+			t.Errorf("%d starts while another run of the name was in progress; want none", g.rec.overlaps)
 		}
 	})
 	for _, id := range []string{"a", "b", "c"} {
 		cfg := replicaConfig(c, nil)
-		cfg.QPS, cfg.Burst = float32(*replicaScaleQPS), int(2**replicaScaleQPS)
+		cfg.QPS, cfg.Burst = float32(qps), int(2*qps)
 		ct := &cut{}
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-			ct.rt = writeCounter{rt: rt, n: &writes}
+			ct.rt = writeCounter{rt: rt, n: &g.writes}
 			return ct
 		}
 		log := logrus.New()
@@ -80,69 +79,153 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, nm := range names {
-			p := rec.params(id, nm)
+		for _, nm := range g.names {
+			p := g.rec.params(id, nm)
 			p.StopFunc = func(context.Context) error { return nil } // 100,000 sleeps would measure the sleeps
 			if err := r.UpdateController(nm, p); err != nil {
 				t.Fatal(err)
 			}
 		}
-		cuts[id], rs[id] = ct, r
+		g.cuts[id], g.rs[id] = ct, r
 	}
-	placed := func(what string, limit time.Duration, on ...string) time.Duration {
-		start := time.Now()
-		for {
-			where, all := rec.placement(names)
-			good := all
-			for _, id := range where {
-				good = good && (id == on[0] || id == on[1] || (len(on) > 2 && id == on[2]))
-			}
-			if good {
-				return time.Since(start)
-			}
-			if time.Since(start) > limit {
-				t.Fatalf("%s: not placed within %v", what, limit)
-			}
-			time.Sleep(50 * time.Millisecond) // a measurement's poll
-		}
-	}
+	return g
+}
+
+// placed waits, within limit, until every name runs on exactly one
+// replica, each among on, and returns how long that took.
+func (g *scaleGroup) placed(what string, limit time.Duration, on ...string) time.Duration {
+	g.t.Helper()
 	start := time.Now()
-	w0 := writes.Load()
+	for {
+		where, all := g.rec.placement(g.names)
+		good := all
+		for _, id := range where {
+			good = good && (id == on[0] || id == on[1] || (len(on) > 2 && id == on[2]))
+		}
+		if good {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			g.t.Fatalf("%s: not placed within %v", what, limit)
+		}
+		time.Sleep(50 * time.Millisecond) // a real server's time: polled, loosely bounded
+	}
+}
+
+// join has the three replicas join at once, waits until every name runs
+// on one of them, and logs the time and the writes that took.
+func (g *scaleGroup) join() {
+	g.t.Helper()
+	start := time.Now()
+	w0 := g.writes.Load()
 	for _, id := range []string{"a", "b", "c"} {
 		go func() { // joined below: placed waits for every name to run
-			if err := rs[id].Join(context.Background()); err != nil {
-				t.Errorf("Join(%s): %v", id, err)
+			if err := g.rs[id].Join(context.Background()); err != nil {
+				g.t.Errorf("Join(%s): %v", id, err)
 			}
 		}()
 	}
-	took := placed("three replicas", 5*time.Minute, "a", "b", "c")
-	t.Logf("%d names placed over three replicas %v after they began joining (%v after the last name started), %d writes", n, time.Since(start).Round(10*time.Millisecond), took.Round(10*time.Millisecond), writes.Load()-w0)
+	took := g.placed("three replicas", 5*time.Minute, "a", "b", "c")
+	g.t.Logf("%d names placed over three replicas %v after they began joining (%v after the last name started), %d writes",
+		len(g.names), time.Since(start).Round(10*time.Millisecond), took.Round(10*time.Millisecond), g.writes.Load()-w0)
+}
 
-	time.Sleep(d) // let the joins' last writes settle before the steady window
-	w1 := writes.Load()
-	steady := 3 * d
-	time.Sleep(steady) // the steady-state window: nothing happens but renewals
-	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", writes.Load()-w1, steady, float64(writes.Load()-w1)/steady.Seconds())
+// crashed is what crashC measured, from the crash: when c's share ran
+// elsewhere whole, and when its first and last names started; and the
+// writes all replicas sent until then.
+type crashed struct {
+	whole, first, last time.Duration
+	writes             int64
+}
 
-	where, _ := rec.placement(names)
+// crashC cuts c off and closes it (a crash: nothing it sends arrives,
+// and it does not leave), waits until its share runs on a and b, and
+// logs and returns how long that took.
+func (g *scaleGroup) crashC() crashed {
+	g.t.Helper()
+	where, _ := g.rec.placement(g.names)
 	var ofC []string
 	for nm, id := range where {
 		if id == "c" {
 			ofC = append(ofC, nm)
 		}
 	}
-	w2 := writes.Load()
-	cuts["c"].off.Store(true)
-	crashed := time.Now()
-	_ = rs["c"].Close()
-	delete(rs, "c")
-	placed("after c crashed", 5*time.Minute, "a", "b")
-	since := time.Since(crashed)
-	first, last, moved := rec.startedBetween(ofC, crashed)
-	t.Logf("c's share (%d names, %d moved) runs on a and b %v after the crash (D + %v), %d writes; the first started %v after the crash, the last %v after the first",
-		len(ofC), moved, since.Round(10*time.Millisecond), (since - d).Round(10*time.Millisecond), writes.Load()-w2,
-		first.Sub(crashed).Round(10*time.Millisecond), last.Sub(first).Round(10*time.Millisecond))
-	if since > d+5*time.Second {
-		t.Logf("over D + 5 s at %v requests a second", *replicaScaleQPS)
+	w := g.writes.Load()
+	g.cuts["c"].off.Store(true)
+	at := time.Now()
+	_ = g.rs["c"].Close()
+	delete(g.rs, "c")
+	g.placed("after c crashed", 5*time.Minute, "a", "b")
+	whole := time.Since(at)
+	first, last, moved := g.rec.startedBetween(ofC, at)
+	got := crashed{whole: whole, first: first.Sub(at), last: last.Sub(at), writes: g.writes.Load() - w}
+	g.t.Logf("c's share (%d names, %d moved) runs on a and b %v after the crash (D + %v), %d writes; the first started %v after the crash (D + %v), the last %v after the first",
+		len(ofC), moved, whole.Round(10*time.Millisecond), (whole - g.d).Round(10*time.Millisecond), got.writes,
+		got.first.Round(10*time.Millisecond), (got.first - g.d).Round(10*time.Millisecond), last.Sub(first).Round(10*time.Millisecond))
+	return got
+}
+
+// check fails the test if c's share did not run elsewhere whole within
+// D + 5 s of the crash; or, if first is not 0, its first name within
+// D + first; or, if writes is not 0, if it took more writes.
+func (c crashed) check(t *testing.T, d, first time.Duration, writes int64) {
+	t.Helper()
+	if first != 0 && c.first > d+first {
+		t.Errorf("the crashed replica's first name started %v after the crash; want within D + %v = %v", c.first.Round(10*time.Millisecond), first, d+first)
 	}
+	if writes != 0 && c.writes > writes {
+		t.Errorf("moving the crashed replica's share took %d writes; want at most %d", c.writes, writes)
+	}
+	if c.whole > d+5*time.Second {
+		t.Errorf("the crashed replica's names all ran elsewhere %v after the crash; want within D + 5 s = %v", c.whole.Round(10*time.Millisecond), d+5*time.Second)
+	}
+}
+
+// A crashed replica's share runs on the survivors within D + 5 s of the
+// crash, with zero overlap, at 50 requests a second per replica, when
+// the share spreads over every one of the 256 buckets (each survivor's
+// part then falls in nearly every bucket, as at 100,000 names), for
+// about one write per bucket, at most 1.5: the survivors hand the share
+// over (ha.TakeOver), each rewriting the buckets it owns once for both,
+// and their claims then find the names held. Two survivors that each
+// claim their own part write nearly every bucket each (490 writes here),
+// paced by the rate limit, and start the first name about D + 3.2 s
+// after the crash; handed over, the first starts D + 0.3 to 1 s after
+// it, D + 2 to 3.5 s under -race, which slows the replicas' own work:
+// the test logs it, and the writes tell the two apart on any machine.
+// 3,000 names, D = 5 s.
+func TestReplicaCrashMovesTheShareWithinBounds(t *testing.T) {
+	t.Parallel()
+	const d = 5 * time.Second
+	g := newScaleGroup(t, 3000, 50, d)
+	g.join()
+	time.Sleep(2 * time.Second) // the joins' last writes settle, and the limiters fill again (burst 100 at 50 a second), as in steady state
+	g.crashC().check(t, d, 0, 384)
+}
+
+// TestReplicaScaleMeasurement measures three ha replicas on the
+// Kubernetes store (256 buckets), each with -kube.replicascale names
+// registered and its clients limited to -kube.replicascale.qps: the time
+// and the writes until every name runs on exactly one of them; the
+// writes a second over 3·D of steady state; then one replica is cut off
+// and closed (a crash), and the time and the writes until its names run
+// on the two others, which fails the test past D + 5 s. Zero overlap
+// throughout. A measurement, run on demand:
+//
+//	go test -count=1 -timeout 30m -run TestReplicaScaleMeasurement -kube.replicascale=100000 -v .
+func TestReplicaScaleMeasurement(t *testing.T) {
+	n := *replicaScale
+	if n == 0 {
+		t.Log("a measurement, not a test: run it with -kube.replicascale=100000")
+		return
+	}
+	d := *replicaScaleD
+	g := newScaleGroup(t, n, *replicaScaleQPS, d)
+	g.join()
+	time.Sleep(d) // let the joins' last writes settle before the steady window
+	w := g.writes.Load()
+	steady := 3 * d
+	time.Sleep(steady) // the steady-state window: nothing happens but renewals
+	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", g.writes.Load()-w, steady, float64(g.writes.Load()-w)/steady.Seconds())
+	g.crashC().check(t, d, 0, 0)
 }

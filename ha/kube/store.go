@@ -167,6 +167,16 @@ func (s seam) Claim(ctx context.Context, id ha.SessionID, names []string) ([]ha.
 	return out, absent, nil
 }
 
+var _ ha.TakeOver = seam{} // a replica on this store hands a crashed member's names over
+
+// TakeOver hands an ended session's names to their owners, one write
+// per bucket this replica owns among the live members (takeOver), each
+// write bounded by the request timeout.
+func (s seam) TakeOver(ctx context.Context, id ha.SessionID, ownerOf func(name string) string) error {
+	_, err := s.b.takeOver(ctx, sessionID(id), ownerOf)
+	return seamErr(err)
+}
+
 func (s seam) ClaimCost(name string) int { return s.b.claimCost(name) }
 
 // ClaimLimits lets one Claim carry many names (group.claimBatch): it

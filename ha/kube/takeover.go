@@ -10,6 +10,10 @@ import (
 	"hash/fnv"
 	"strconv"
 	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // liveMembers returns the members the feed shows whose sessions the
@@ -59,6 +63,98 @@ func bucketScore(id string, i int) uint64 {
 	return v ^ v>>31
 }
 
+// awaitHandOvers waits, up to the request timeout and within ctx, until
+// a new version comes of each bucket of byBucket (names by bucket index)
+// whose version known gives one of its names to a session the observer
+// counts ended: the takeOver of the live member that owns the bucket
+// (bucketOwner; this one's too, which ha may call after its claims)
+// rewrites it, giving such names to their owners, and a claim that
+// wrote it first would cost the bucket a second write, and the owner's
+// write a conflict. The versions come from the feed, or from a list of
+// the buckets every handOverPoll: the feed goes at the pace its
+// receiver takes its batches, and ha's, busy with the names that moved,
+// may take seconds to let through the rewrites of a hundred buckets. A
+// bucket not rewritten by then (ha did not call takeOver: it saw the
+// end in a listing) is written by the claim, as any other.
+func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]string) {
+	if _, live := b.liveMembers()[b.id]; !live {
+		return // the feed does not show this replica yet: there is no takeOver to wait for
+	}
+	pending := map[int]int64{} // bucket → the version known
+	for i, names := range byBucket {
+		k := b.known(i)
+		if k == nil || k.lease == nil {
+			continue
+		}
+		c, err := claimsOf(k.lease)
+		if err != nil {
+			continue
+		}
+		for _, n := range names {
+			if e, held := c[n]; held && b.o.ended(e.session) {
+				pending[i] = rvOf(k.lease)
+				break
+			}
+		}
+	}
+	if len(pending) == 0 {
+		return
+	}
+	limit := time.NewTimer(b.requestTimeout)
+	defer limit.Stop()
+	poll := time.NewTicker(handOverPoll)
+	defer poll.Stop()
+	for {
+		moved := b.bucketsMoved() // before the look: a version remembered after it closes it
+		for i, rv := range pending {
+			if k := b.known(i); k != nil && k.lease != nil && rvOf(k.lease) > rv {
+				delete(pending, i)
+			}
+		}
+		if len(pending) == 0 {
+			return
+		}
+		select {
+		case <-moved:
+		case <-poll.C:
+			b.rememberBuckets(ctx)
+		case <-limit.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// listBuckets lists every bucket Lease of the group with one quorum
+// list (no resourceVersion).
+func (g *group) listBuckets(ctx context.Context) (*coordinationv1.LeaseList, error) {
+	return g.leases.List(ctx, metav1.ListOptions{LabelSelector: groupLabel + "=" + g.name + "," + kindLabel + "=" + kindBucket})
+}
+
+// handOverPoll is how often awaitHandOvers lists the buckets: a list of
+// every bucket is one request, of about 2.5 MB at 100,000 names.
+const handOverPoll = 250 * time.Millisecond
+
+// rememberBuckets lists every bucket Lease of the group, bounded by the
+// request timeout and ctx, and remembers each version (remember keeps
+// the later of it and the one known). A list that fails is logged at
+// Debug.
+func (b *kubeBackend) rememberBuckets(ctx context.Context) {
+	rctx, cancel := b.request(ctx)
+	defer cancel()
+	ls, err := b.g.listBuckets(rctx)
+	if err != nil {
+		b.log.Debug(fmt.Sprintf("kube: listing the buckets of %s: %v", b.g.name, err))
+		return
+	}
+	for k := range ls.Items {
+		if i, ok := b.bucketIndex(ls.Items[k].Name); ok {
+			b.remember(i, &ls.Items[k])
+		}
+	}
+}
+
 // takeOver hands the names of ended sessions to their new owners, in the
 // buckets this replica owns among the live members (bucketOwner): for
 // each, one change, by session id, giving every name of the bucket held
@@ -72,8 +168,8 @@ func bucketScore(id string, i int) uint64 {
 // deletion after the versions it stamped (observe.go). A name the
 // bucket gives to this session by the time it writes (claimed here, or
 // handed over by another survivor, since the version planned from) is
-// left as it is (claimChange.othersOnly). It answers the number of
-// buckets written.
+// left as it is (claimChange.othersOnly). Each write is bounded by the
+// request timeout and ctx. It answers the number of buckets written.
 func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(name string) string) (int, error) {
 	s := b.live(id)
 	if s == nil {
@@ -117,7 +213,9 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 	}
 	b.each(buckets, func(i int) {
 		p := byIndex[i]
-		res, err := b.g.change(ctx, b.o, i, claimChange{give: p.give, othersOnly: true}, s.writer(), &p.from)
+		rctx, cancel := b.request(ctx) // each bucket's write on its own, as claim's
+		res, err := b.g.change(rctx, b.o, i, claimChange{give: p.give, othersOnly: true}, s.writer(), &p.from)
+		cancel()
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {

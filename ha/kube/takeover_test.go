@@ -242,6 +242,61 @@ func TestBackendTakeOverSplitsTheBucketsOverTheSurvivors(t *testing.T) {
 	}
 }
 
+// bucketLists counts the lists of bucket Leases a client sends, and
+// sends every request.
+type bucketLists struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (r bucketLists) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/leases") && strings.Contains(req.URL.Query().Get("labelSelector"), kindLabel+"="+kindBucket) {
+		r.n.Add(1)
+	}
+	return r.rt.RoundTrip(req)
+}
+
+// A claim of names every bucket gives the session already (handed over
+// by a survivor's takeOver, or claimed by a call whose answer was lost)
+// reads them with one list of the buckets, not a read of each: at a
+// client's rate limit, 256 reads would take seconds, and the names
+// handed over would wait for them. It writes nothing.
+func TestBackendClaimOfNamesHeldListsTheBucketsOnce(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 16, nil)
+	var reads, writes, lists atomic.Int64
+	cfg := replicaConfig(c, nil)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return bucketReads{rt: bucketLists{rt: rt, n: &lists}, prefix: "/leases/" + g.name + bucketInfix, n: &reads, writes: &writes}
+	}
+	b := backendOn(t, c, g, "r0", cfg)
+	s := beginOn(t, b)
+	keepRenewing(t, b, s)
+	var names []string
+	for i := range g.buckets {
+		names = append(names, namesIn(g, i, 2)...)
+	}
+	if got, _, err := b.claim(t.Context(), s.id, names); err != nil || len(got) != len(names) {
+		t.Fatalf("the first claim of %d names: %d, %v", len(names), len(got), err)
+	}
+	reads.Store(0)
+	writes.Store(0)
+	lists.Store(0)
+	got, _, err := b.claim(t.Context(), s.id, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range got {
+		if !c.ok {
+			t.Errorf("%s: not found held by the session", c.name)
+		}
+	}
+	if r, w, l := reads.Load(), writes.Load(), lists.Load(); r != 0 || w != 0 || l != 1 {
+		t.Errorf("the claim of %d names held already in %d buckets read %d buckets, wrote %d times and listed %d times; want one list alone", len(names), g.buckets, r, w, l)
+	}
+}
+
 // Rendezvous hashing spreads the buckets evenly over members whose IDs
 // differ in one byte: of 256 buckets over r0 … r2, each owns between a
 // fifth and a half, and a member's leaving moves only its own.
