@@ -145,6 +145,10 @@ type kubeBackend struct {
 	// claims waiting for a bucket to move (awaitHandOvers). Guarded by
 	// mu.
 	moved chan struct{}
+	// handOverAt is when this replica's ha last asked for a hand-over
+	// (seam.TakeOver): claims wait for the survivors' rewrites only
+	// shortly after it. Guarded by mu.
+	handOverAt time.Time
 }
 
 // newKubeBackend returns the backend of member id in g, its observer

@@ -169,12 +169,19 @@ func (s seam) Claim(ctx context.Context, id ha.SessionID, names []string) ([]ha.
 
 var _ ha.TakeOver = seam{} // a replica on this store hands a crashed member's names over
 
-// TakeOver hands an ended session's names to their owners, one write
-// per bucket this replica owns among the live members (takeOver), each
-// write bounded by the request timeout.
-func (s seam) TakeOver(ctx context.Context, id ha.SessionID, ownerOf func(name string) string) error {
-	_, err := s.b.takeOver(ctx, sessionID(id), ownerOf)
-	return seamErr(err)
+// TakeOver notes that the replica's ha is handing over (so that its
+// claims wait for the survivors' rewrites: awaitHandOvers), then hands
+// an ended session's names to their owners on a goroutine counted in wg,
+// one write per bucket this replica owns among the live members
+// (takeOver), each bounded by the request timeout and ctx. A failure is
+// logged at Debug: the claims that follow write what it did not.
+func (s seam) TakeOver(ctx context.Context, id ha.SessionID, ownerOf func(name string) string, wg *sync.WaitGroup) {
+	s.b.noteHandOver()
+	wg.Go(func() {
+		if _, err := s.b.takeOver(ctx, sessionID(id), ownerOf); err != nil {
+			s.b.log.Debug(fmt.Sprintf("kube: handing over the names of ended sessions: %v", err))
+		}
+	})
 }
 
 func (s seam) ClaimCost(name string) int { return s.b.claimCost(name) }

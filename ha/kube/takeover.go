@@ -74,9 +74,15 @@ func bucketScore(id string, i int) uint64 {
 // the buckets every handOverPoll: the feed goes at the pace its
 // receiver takes its batches, and ha's, busy with the names that moved,
 // may take seconds to let through the rewrites of a hundred buckets. A
-// bucket not rewritten by then (ha did not call takeOver: it saw the
-// end in a listing) is written by the claim, as any other.
+// bucket not rewritten by then is written by the claim, as any other.
+// It waits only within a request timeout of its ha's last TakeOver
+// (noteHandOver), which ha makes before it claims the names: a claim
+// with no hand-over under way (ha saw the end in a listing, or the
+// backend is driven without a Replica) does not wait.
 func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]string) {
+	if !b.handingOver() {
+		return // its ha asked for no hand-over lately: no survivor's rewrite to wait for
+	}
 	if _, live := b.liveMembers()[b.id]; !live {
 		return // the feed does not show this replica yet: there is no takeOver to wait for
 	}
@@ -231,4 +237,19 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 		return wrote, fmt.Errorf("kube: taking over %d buckets: %w", len(errs), errs[0])
 	}
 	return wrote, nil
+}
+
+// noteHandOver records that this replica's ha asked for a hand-over now.
+func (b *kubeBackend) noteHandOver() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.handOverAt = time.Now()
+}
+
+// handingOver reports that this replica's ha asked for a hand-over
+// within the last request timeout.
+func (b *kubeBackend) handingOver() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.handOverAt.IsZero() && time.Since(b.handOverAt) < b.requestTimeout
 }

@@ -317,3 +317,51 @@ func TestBucketOwnerSpreadsEvenly(t *testing.T) {
 		}
 	}
 }
+
+// A claim of an ended session's names waits for the survivors' rewrites
+// only when this replica's ha asked for a hand-over (seam.TakeOver):
+// driven without one, the claim writes at once. Before, every claim of
+// such names waited up to the request timeout (5s here) for rewrites
+// nobody was making, and a session that was not renewed meanwhile ran
+// past its validity (hatest's UnrenewedSessionEnds on a loaded machine).
+func TestBackendClaimWaitsForHandOversOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	r0 := backendOn(t, c, g, "r0", replicaConfig(c, nil))
+	s0, err := r0.begin(t.Context(), 0, testD, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := r0.claim(t.Context(), s0.id, []string{"x", "y"}); err != nil || len(got) != 2 {
+		t.Fatalf("r0's claim: %d, %v", len(got), err)
+	}
+	id0 := r0.live(s0.id).identity
+	r1 := backendOn(t, c, g, "r1", replicaConfig(c, nil))
+	runBackend(t, r1)
+	s1, err := r1.begin(t.Context(), 0, testD, "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := renewing(r1.live(s1.id))
+	t.Cleanup(func() { _, _ = stop() })
+	waitFor(t, 3*testD, "r1 counts r0's unrenewed session ended", func() bool { return r1.o.ended(id0) })
+	for _, tc := range []struct {
+		name  string
+		asked bool
+		wait  bool
+	}{{"x", false, false}, {"y", true, true}} {
+		if tc.asked {
+			r1.noteHandOver() // as seam.TakeOver does; nobody rewrites y's bucket
+		}
+		start := time.Now()
+		got, _, err := r1.claim(t.Context(), s1.id, []string{tc.name})
+		took := time.Since(start)
+		if err != nil || len(got) != 1 || !got[0].ok {
+			t.Fatalf("r1's claim of %s: %+v, %v; want ours", tc.name, got, err)
+		}
+		if waited := took >= r1.requestTimeout; waited != tc.wait {
+			t.Errorf("r1's claim of %s, hand-over asked %v, took %v: waited for a rewrite %v, want %v", tc.name, tc.asked, took, waited, tc.wait)
+		}
+	}
+}
