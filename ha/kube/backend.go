@@ -145,6 +145,9 @@ type kubeBackend struct {
 	// claims waiting for a bucket to move (awaitHandOvers). Guarded by
 	// mu.
 	moved chan struct{}
+	// handing is the number of takeOver calls running; one that ends
+	// closes moved too. Guarded by mu.
+	handing int
 }
 
 // newKubeBackend returns the backend of member id in g, its observer
@@ -806,6 +809,12 @@ func (b *kubeBackend) remember(i int, l *coordinationv1.Lease) {
 		return
 	}
 	b.buckets[i] = known{lease: l}
+	b.wakeLocked()
+}
+
+// wakeLocked closes moved, if a claim waits on it (bucketsMoved). b.mu
+// is held.
+func (b *kubeBackend) wakeLocked() {
 	if b.moved != nil {
 		close(b.moved)
 		b.moved = nil

@@ -67,17 +67,22 @@ func bucketScore(id string, i int) uint64 {
 // a new version comes of each bucket of byBucket (names by bucket index)
 // whose version known gives one of its names to a session the observer
 // counts ended: the takeOver of the live member that owns the bucket
-// (bucketOwner; this one's too, which ha may call after its claims)
-// rewrites it, giving such names to their owners, and a claim that
+// (bucketOwner) rewrites it, giving such names to their owners, and a claim that
 // wrote it first would cost the bucket a second write, and the owner's
 // write a conflict. The versions come from the feed, or from a list of
 // the buckets every handOverPoll: the feed goes at the pace its
 // receiver takes its batches, and ha's, busy with the names that moved,
 // may take seconds to let through the rewrites of a hundred buckets. A
 // bucket not rewritten by then (ha did not call takeOver: it saw the
-// end in a listing) is written by the claim, as any other.
+// end in a listing) is written by the claim, as any other. A bucket this
+// replica owns is waited for only while a takeOver of its own runs
+// (handing): none other writes it, and ha, which asks for one on a
+// goroutine before it queues the claims, asks for none after an end it
+// saw in a listing. (A claim that comes before that goroutine's takeOver
+// writes the bucket itself; the takeOver then conflicts and reads it.)
 func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]string) {
-	if _, live := b.liveMembers()[b.id]; !live {
+	members := b.liveMembers()
+	if _, live := members[b.id]; !live {
 		return // the feed does not show this replica yet: there is no takeOver to wait for
 	}
 	pending := map[int]int64{} // bucket → the version known
@@ -105,10 +110,13 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 	poll := time.NewTicker(handOverPoll)
 	defer poll.Stop()
 	for {
-		moved := b.bucketsMoved() // before the look: a version remembered after it closes it
+		moved := b.bucketsMoved() // before the look: a version remembered, or a takeOver ended, after it closes it
+		handing := b.handingOver()
 		for i, rv := range pending {
 			if k := b.known(i); k != nil && k.lease != nil && rvOf(k.lease) > rv {
 				delete(pending, i)
+			} else if !handing && bucketOwner(i, members) == b.id {
+				delete(pending, i) // this replica's own takeOver would write it, and none runs
 			}
 		}
 		if len(pending) == 0 {
@@ -124,6 +132,13 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 			return
 		}
 	}
+}
+
+// handingOver reports whether a takeOver of this backend runs.
+func (b *kubeBackend) handingOver() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.handing > 0
 }
 
 // listBuckets lists every bucket Lease of the group with one quorum
@@ -177,6 +192,13 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 	}
 	members := b.liveMembers()
 	b.mu.Lock()
+	b.handing++
+	defer func() {
+		b.mu.Lock()
+		b.handing--
+		b.wakeLocked() // the claims waiting for this replica's buckets
+		b.mu.Unlock()
+	}()
 	type plan struct {
 		i    int
 		from known

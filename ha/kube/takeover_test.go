@@ -317,3 +317,53 @@ func TestBucketOwnerSpreadsEvenly(t *testing.T) {
 		}
 	}
 }
+
+// A claim of a crashed session's names waits for no hand-over that will
+// not come: when this replica owns the buckets (bucketOwner) and no
+// takeOver of its own runs (ha saw the end in a listing, which asks for
+// none), nobody else rewrites them, and the claim takes the names at
+// once, not after the request timeout (5 s here).
+func TestBackendClaimWaitsForNoTakeOverOfItsOwn(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	a := backendOn(t, c, g, "r0", replicaConfig(c, nil))
+	runBackend(t, a)
+	sa := beginOn(t, a)
+	keepRenewing(t, a, sa)
+	x := backendOn(t, c, g, "r2", replicaConfig(c, nil))
+	sx := beginOn(t, x)
+	var names []string
+	for i := range g.buckets {
+		names = append(names, namesIn(g, i, 1)...)
+	}
+	if got, _, err := x.claim(t.Context(), sx.id, names); err != nil || len(got) != len(names) {
+		t.Fatalf("the crashing replica's claim of %d names: %d, %v", len(names), len(got), err)
+	}
+	crashed := x.live(sx.id).identity // r2 never renews from here on
+	waitFor(t, 5*testD, "r0 counts r2 ended, and its feed shows r2's entries and r0's member Lease", func() bool {
+		if _, live := a.liveMembers()["r0"]; !live || !a.o.ended(crashed) {
+			return false
+		}
+		for i := range g.buckets {
+			if k := a.known(i); k == nil || k.lease == nil || rvOf(k.lease) < rvOf(x.known(i).lease) {
+				return false
+			}
+		}
+		return true
+	})
+	start := time.Now()
+	got, _, err := a.claim(t.Context(), sa.id, names)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range got {
+		if !cl.ok {
+			t.Errorf("%s: not taken from the ended session", cl.name)
+		}
+	}
+	if took >= 2*time.Second {
+		t.Errorf("the claim of an ended session's names in buckets r0 owns, with no takeOver running, took %v; want well under the request timeout (5s)", took.Round(time.Millisecond))
+	}
+}
