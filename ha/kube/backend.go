@@ -148,6 +148,11 @@ type kubeBackend struct {
 	// handing is the number of takeOver calls running; one that ends
 	// closes moved too. Guarded by mu.
 	handing int
+	// unhanded are the ended sessions, by identity, whose hand-over a
+	// claim waited for until the request timeout in vain
+	// (awaitHandOvers): later claims wait for them no more. One entry per
+	// such session, a few a crash. Guarded by mu.
+	unhanded map[string]bool
 }
 
 // newKubeBackend returns the backend of member id in g, its observer

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -80,12 +81,19 @@ func bucketScore(id string, i int) uint64 {
 // goroutine before it queues the claims, asks for none after an end it
 // saw in a listing. (A claim that comes before that goroutine's takeOver
 // writes the bucket itself; the takeOver then conflicts and reads it.)
+// An ended session whose buckets a wait left unwritten is waited for no
+// more (unhanded): the next claims of its names would each wait the
+// whole timeout again for a hand-over that does not come.
 func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]string) {
 	members := b.liveMembers()
 	if _, live := members[b.id]; !live {
 		return // the feed does not show this replica yet: there is no takeOver to wait for
 	}
-	pending := map[int]int64{} // bucket → the version known
+	pending := map[int]int64{}     // bucket → the version known
+	waitsFor := map[int][]string{} // bucket → the ended sessions its version gives the names to
+	b.mu.Lock()
+	unhanded := maps.Clone(b.unhanded)
+	b.mu.Unlock()
 	for i, names := range byBucket {
 		k := b.known(i)
 		if k == nil || k.lease == nil {
@@ -96,9 +104,9 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 			continue
 		}
 		for _, n := range names {
-			if e, held := c[n]; held && b.o.ended(e.session) {
+			if e, held := c[n]; held && !unhanded[e.session] && b.o.ended(e.session) {
 				pending[i] = rvOf(k.lease)
-				break
+				waitsFor[i] = append(waitsFor[i], e.session)
 			}
 		}
 	}
@@ -127,6 +135,16 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 		case <-poll.C:
 			b.rememberBuckets(ctx)
 		case <-limit.C:
+			b.mu.Lock()
+			if b.unhanded == nil {
+				b.unhanded = map[string]bool{}
+			}
+			for i := range pending {
+				for _, id := range waitsFor[i] {
+					b.unhanded[id] = true
+				}
+			}
+			b.mu.Unlock()
 			return
 		case <-ctx.Done():
 			return
