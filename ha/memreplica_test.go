@@ -27,6 +27,7 @@ type memGroup struct {
 	opts  Options
 	names []string
 	rs    map[string]*Replica // the replicas not stopped yet, by ID
+	store Store               // the replicas' store: st, unless set before the first replica
 }
 
 // newMemGroup makes a group of names names ("n-0" …) on a new store, with
@@ -38,7 +39,8 @@ func newMemGroup(t *testing.T, names int) *memGroup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &memGroup{t: t, st: newMemStore(), rec: runlog.New(), opts: opts, names: runlog.Names("n", names), rs: map[string]*Replica{}}
+	st := newMemStore()
+	return &memGroup{t: t, st: st, rec: runlog.New(), opts: opts, names: runlog.Names("n", names), rs: map[string]*Replica{}, store: st}
 }
 
 // runMemGroup runs f in a synctest bubble, on a new group of names names
@@ -58,7 +60,7 @@ func runMemGroup(t *testing.T, names int, f func(t *testing.T, g *memGroup)) {
 func (g *memGroup) newReplica(id string) *Replica {
 	opts := g.opts
 	opts.ID = id
-	r, err := New(g.st, opts)
+	r, err := New(g.store, opts)
 	if err != nil {
 		g.t.Errorf("newReplica(%s): %v", id, err)
 		return nil

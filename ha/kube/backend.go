@@ -149,6 +149,14 @@ type kubeBackend struct {
 	// (seam.TakeOver): claims wait for the survivors' rewrites only
 	// shortly after it. Guarded by mu.
 	handOverAt time.Time
+	// handing is the number of takeOver calls running; one that ends
+	// closes moved too. Guarded by mu.
+	handing int
+	// unhanded are the ended sessions, by identity, whose hand-over a
+	// claim waited for until the request timeout in vain
+	// (awaitHandOvers): later claims wait for them no more. One entry per
+	// such session, a few a crash. Guarded by mu.
+	unhanded map[string]bool
 }
 
 // newKubeBackend returns the backend of member id in g, its observer
@@ -810,6 +818,12 @@ func (b *kubeBackend) remember(i int, l *coordinationv1.Lease) {
 		return
 	}
 	b.buckets[i] = known{lease: l}
+	b.wakeLocked()
+}
+
+// wakeLocked closes moved, if a claim waits on it (bucketsMoved). b.mu
+// is held.
+func (b *kubeBackend) wakeLocked() {
 	if b.moved != nil {
 		close(b.moved)
 		b.moved = nil

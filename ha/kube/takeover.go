@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -67,8 +68,7 @@ func bucketScore(id string, i int) uint64 {
 // a new version comes of each bucket of byBucket (names by bucket index)
 // whose version known gives one of its names to a session the observer
 // counts ended: the takeOver of the live member that owns the bucket
-// (bucketOwner; this one's too, which ha may call after its claims)
-// rewrites it, giving such names to their owners, and a claim that
+// (bucketOwner) rewrites it, giving such names to their owners, and a claim that
 // wrote it first would cost the bucket a second write, and the owner's
 // write a conflict. The versions come from the feed, or from a list of
 // the buckets every handOverPoll: the feed goes at the pace its
@@ -76,17 +76,27 @@ func bucketScore(id string, i int) uint64 {
 // may take seconds to let through the rewrites of a hundred buckets. A
 // bucket not rewritten by then is written by the claim, as any other.
 // It waits only within a request timeout of its ha's last TakeOver
-// (noteHandOver), which ha makes before it claims the names: a claim
-// with no hand-over under way (ha saw the end in a listing, or the
-// backend is driven without a Replica) does not wait.
+// (noteHandOver), which ha makes from its loop before it claims the
+// names: a claim with no hand-over asked for (ha saw the end in a
+// listing, or the backend is driven without a Replica) does not wait.
+// A bucket this replica owns is waited for only while a takeOver of its
+// own runs (handing): none other writes it. An ended session whose
+// buckets a wait left unwritten is waited for no more (unhanded): the
+// next claims of its names would each wait the whole timeout again for a
+// hand-over that does not come.
 func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]string) {
-	if !b.handingOver() {
+	if !b.askedToHandOver() {
 		return // its ha asked for no hand-over lately: no survivor's rewrite to wait for
 	}
-	if _, live := b.liveMembers()[b.id]; !live {
+	members := b.liveMembers()
+	if _, live := members[b.id]; !live {
 		return // the feed does not show this replica yet: there is no takeOver to wait for
 	}
-	pending := map[int]int64{} // bucket → the version known
+	pending := map[int]int64{}     // bucket → the version known
+	waitsFor := map[int][]string{} // bucket → the ended sessions its version gives the names to
+	b.mu.Lock()
+	unhanded := maps.Clone(b.unhanded)
+	b.mu.Unlock()
 	for i, names := range byBucket {
 		k := b.known(i)
 		if k == nil || k.lease == nil {
@@ -97,9 +107,9 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 			continue
 		}
 		for _, n := range names {
-			if e, held := c[n]; held && b.o.ended(e.session) {
+			if e, held := c[n]; held && !unhanded[e.session] && b.o.ended(e.session) {
 				pending[i] = rvOf(k.lease)
-				break
+				waitsFor[i] = append(waitsFor[i], e.session)
 			}
 		}
 	}
@@ -111,10 +121,13 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 	poll := time.NewTicker(handOverPoll)
 	defer poll.Stop()
 	for {
-		moved := b.bucketsMoved() // before the look: a version remembered after it closes it
+		moved := b.bucketsMoved() // before the look: a version remembered, or a takeOver ended, after it closes it
+		handing := b.handingOver()
 		for i, rv := range pending {
 			if k := b.known(i); k != nil && k.lease != nil && rvOf(k.lease) > rv {
 				delete(pending, i)
+			} else if !handing && bucketOwner(i, members) == b.id {
+				delete(pending, i) // this replica's own takeOver would write it, and none runs
 			}
 		}
 		if len(pending) == 0 {
@@ -125,11 +138,28 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 		case <-poll.C:
 			b.rememberBuckets(ctx)
 		case <-limit.C:
+			b.mu.Lock()
+			if b.unhanded == nil {
+				b.unhanded = map[string]bool{}
+			}
+			for i := range pending {
+				for _, id := range waitsFor[i] {
+					b.unhanded[id] = true
+				}
+			}
+			b.mu.Unlock()
 			return
 		case <-ctx.Done():
 			return
 		}
 	}
+}
+
+// handingOver reports whether a takeOver of this backend runs.
+func (b *kubeBackend) handingOver() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.handing > 0
 }
 
 // listBuckets lists every bucket Lease of the group with one quorum
@@ -183,6 +213,13 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 	}
 	members := b.liveMembers()
 	b.mu.Lock()
+	b.handing++
+	defer func() {
+		b.mu.Lock()
+		b.handing--
+		b.wakeLocked() // the claims waiting for this replica's buckets
+		b.mu.Unlock()
+	}()
 	type plan struct {
 		i    int
 		from known
@@ -246,9 +283,9 @@ func (b *kubeBackend) noteHandOver() {
 	b.handOverAt = time.Now()
 }
 
-// handingOver reports that this replica's ha asked for a hand-over
+// askedToHandOver reports that this replica's ha asked for a hand-over
 // within the last request timeout.
-func (b *kubeBackend) handingOver() bool {
+func (b *kubeBackend) askedToHandOver() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return !b.handOverAt.IsZero() && time.Since(b.handOverAt) < b.requestTimeout

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -320,7 +321,9 @@ func TestBucketOwnerSpreadsEvenly(t *testing.T) {
 
 // A claim of an ended session's names waits for the survivors' rewrites
 // only when this replica's ha asked for a hand-over (seam.TakeOver):
-// driven without one, the claim writes at once. Before, every claim of
+// driven without one, the claim writes at once
+// (TestBackendClaimWaitsForAMissingHandOverOnce shows the wait when
+// asked). Before, every claim of
 // such names waited up to the request timeout (5s here) for rewrites
 // nobody was making, and a session that was not renewed meanwhile ran
 // past its validity (hatest's UnrenewedSessionEnds on a loaded machine).
@@ -333,7 +336,7 @@ func TestBackendClaimWaitsForHandOversOnlyWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := r0.claim(t.Context(), s0.id, []string{"x", "y"}); err != nil || len(got) != 2 {
+	if got, _, err := r0.claim(t.Context(), s0.id, []string{"x"}); err != nil || len(got) != 1 {
 		t.Fatalf("r0's claim: %d, %v", len(got), err)
 	}
 	id0 := r0.live(s0.id).identity
@@ -346,22 +349,126 @@ func TestBackendClaimWaitsForHandOversOnlyWhenAsked(t *testing.T) {
 	stop := renewing(r1.live(s1.id))
 	t.Cleanup(func() { _, _ = stop() })
 	waitFor(t, 3*testD, "r1 counts r0's unrenewed session ended", func() bool { return r1.o.ended(id0) })
-	for _, tc := range []struct {
-		name  string
-		asked bool
-		wait  bool
-	}{{"x", false, false}, {"y", true, true}} {
-		if tc.asked {
-			r1.noteHandOver() // as seam.TakeOver does; nobody rewrites y's bucket
-		}
-		start := time.Now()
-		got, _, err := r1.claim(t.Context(), s1.id, []string{tc.name})
-		took := time.Since(start)
-		if err != nil || len(got) != 1 || !got[0].ok {
-			t.Fatalf("r1's claim of %s: %+v, %v; want ours", tc.name, got, err)
-		}
-		if waited := took >= r1.requestTimeout; waited != tc.wait {
-			t.Errorf("r1's claim of %s, hand-over asked %v, took %v: waited for a rewrite %v, want %v", tc.name, tc.asked, took, waited, tc.wait)
+	start := time.Now()
+	got, _, err := r1.claim(t.Context(), s1.id, []string{"x"})
+	took := time.Since(start)
+	if err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("r1's claim of x: %+v, %v; want ours", got, err)
+	}
+	if took >= r1.requestTimeout {
+		t.Errorf("r1's claim of x, no hand-over asked, took %v: it waited for a rewrite nobody makes", took)
+	}
+}
+
+// A claim of a crashed session's names waits for no hand-over that will
+// not come: when this replica owns the buckets (bucketOwner) and no
+// takeOver of its own runs, nobody else rewrites them, and the claim
+// takes the names at once, not after the request timeout (5 s here),
+// though its ha asked for a hand-over lately (noteHandOver).
+func TestBackendClaimWaitsForNoTakeOverOfItsOwn(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 4, nil)
+	a, sa := liveOn(t, c, g, "r0")
+	var names []string
+	for i := range g.buckets {
+		names = append(names, namesIn(g, i, 1)...)
+	}
+	crashHolding(t, c, g, a, names, 1)
+	a.noteHandOver()
+	if took := claimEnded(t, a, sa, names); took >= 2*time.Second {
+		t.Errorf("the claim of an ended session's names in buckets r0 owns, with no takeOver running, took %v; want well under the request timeout (5s)", took.Round(time.Millisecond))
+	}
+}
+
+// A claim waits for a hand-over that does not come once, not once a
+// call: here r1, live, owns buckets that give r2's names away, and never
+// hands them over (its ha saw the end in a listing). r0's ha asked for a
+// hand-over (noteHandOver): its first claim of r2's names there waits
+// the request timeout (5 s here) and takes them itself; its second claim,
+// of r2's other names in those buckets, waits no more, though its ha
+// asked again. Each claim of a crashed replica's share waiting the
+// whole timeout again would hold the share that long per claim.
+func TestBackendClaimWaitsForAMissingHandOverOnce(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 16, nil)
+	a, sa := liveOn(t, c, g, "r0")
+	liveOn(t, c, g, "r1")
+	survivors := map[string]string{"r0": "", "r1": ""}
+	var first, second []string // names of r2 in the buckets r1 owns among the survivors
+	for i := range g.buckets {
+		if bucketOwner(i, survivors) == "r1" {
+			names := namesIn(g, i, 2)
+			first, second = append(first, names[0]), append(second, names[1])
 		}
 	}
+	if len(first) == 0 {
+		t.Fatal("r1 owns none of the buckets")
+	}
+	crashHolding(t, c, g, a, slices.Concat(first, second), 2)
+	a.noteHandOver()
+	if took := claimEnded(t, a, sa, first); took < a.requestTimeout {
+		t.Errorf("the first claim of r2's names in buckets r1 owns took %v; want the request timeout (%v), waiting for r1's hand-over", took.Round(time.Millisecond), a.requestTimeout)
+	}
+	a.noteHandOver()
+	if took := claimEnded(t, a, sa, second); took >= 2*time.Second {
+		t.Errorf("the second claim of r2's names in buckets r1 never hands over took %v; want no second wait for the request timeout (5s)", took.Round(time.Millisecond))
+	}
+}
+
+// crashHolding has replica r2 of g claim names and crash (it never
+// renews), and waits until a counts r2's session ended, a's feed brought
+// r2's writes of the buckets, and it shows live members of its own.
+func crashHolding(t *testing.T, c *cluster, g *group, a *kubeBackend, names []string, live int) {
+	t.Helper()
+	x := backendOn(t, c, g, "r2", replicaConfig(c, nil))
+	sx := beginOn(t, x)
+	if got, _, err := x.claim(t.Context(), sx.id, names); err != nil || len(got) != len(names) {
+		t.Fatalf("r2's claim of %d names: %d, %v", len(names), len(got), err)
+	}
+	crashed := x.live(sx.id).identity
+	waitFor(t, 5*testD, "a counts r2 ended, and its feed shows r2's entries and the live members", func() bool {
+		if m := a.liveMembers(); len(m) != live || !a.o.ended(crashed) {
+			return false
+		}
+		for i := range g.buckets {
+			if xk := x.known(i); xk != nil && xk.lease != nil {
+				if k := a.known(i); k == nil || k.lease == nil || rvOf(k.lease) < rvOf(xk.lease) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+// claimEnded has session s of a claim names, held by an ended session,
+// fails the test unless it gets them all, and answers how long the call
+// took.
+func claimEnded(t *testing.T, a *kubeBackend, s seamSession, names []string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	got, _, err := a.claim(t.Context(), s.id, names)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range got {
+		if !cl.ok {
+			t.Errorf("%s: not taken from the ended session", cl.name)
+		}
+	}
+	return took
+}
+
+// liveOn returns the backend of member id in g, running, and its session,
+// renewed until the test ends.
+func liveOn(t *testing.T, c *cluster, g *group, id string) (*kubeBackend, seamSession) {
+	t.Helper()
+	b := backendOn(t, c, g, id, replicaConfig(c, nil))
+	runBackend(t, b)
+	s := beginOn(t, b)
+	keepRenewing(t, b, s)
+	return b, s
 }
