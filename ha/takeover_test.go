@@ -6,6 +6,7 @@ package ha
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,7 +37,12 @@ type misgiving struct {
 
 // TakeOver gives every free name of names with an owner to member to's
 // session, in one revision, if the caller's session and to's are live.
-func (b misgiving) TakeOver(ctx context.Context, id SessionID, ownerOf func(name string) string) error {
+func (b misgiving) TakeOver(ctx context.Context, id SessionID, ownerOf func(name string) string, wg *sync.WaitGroup) {
+	wg.Go(func() { _ = b.giveAway(ctx, id, ownerOf) })
+}
+
+// giveAway is TakeOver's work, on its goroutine.
+func (b misgiving) giveAway(ctx context.Context, id SessionID, ownerOf func(name string) string) error {
 	return b.st.call(ctx, b.id, "takeover", func(time.Time) error {
 		if err := b.st.liveLocked(id); err != nil {
 			return err
