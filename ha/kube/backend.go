@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,17 +83,6 @@ type claimView struct {
 	holder string    // the holder's member ID
 	lease  sessionID // the holder's session
 	rev    int64     // its position
-}
-
-// Claim identifies one holding of a name (ha's Claim, as this backend
-// fills it in): Key is the name, Revision its position, Token the bucket's
-// leaseTransitions at the write that created it, which only grows from
-// one holding of the name to the next (what ClaimFrom gives a DoFunc
-// here; DESIGN.md, "What ClaimFrom gives a DoFunc").
-type Claim struct {
-	Key      string
-	Revision int64
-	Token    int64
 }
 
 // memberAnnotation is the annotation of a member Lease that holds the
@@ -782,9 +772,9 @@ func (b *kubeBackend) noteWrote(id sessionID, i int) {
 // anew since, by anyone, is left alone (each holding of a name is at the
 // resourceVersion of the write that created it). It needs no live
 // session: the position names the holding.
-func (b *kubeBackend) release(ctx context.Context, c Claim) error {
-	i := bucketOf(c.Key, b.g.buckets)
-	res, err := b.g.change(ctx, b.o, i, claimChange{dropAt: map[string]int64{c.Key: c.Revision}}, writer{identity: b.id}, b.known(i))
+func (b *kubeBackend) release(ctx context.Context, c ha.Claim) error {
+	i := bucketOf(c.Name, b.g.buckets)
+	res, err := b.g.change(ctx, b.o, i, claimChange{dropAt: map[string]int64{c.Name: c.Revision}}, writer{identity: b.id}, b.known(i))
 	if err != nil {
 		return err
 	}

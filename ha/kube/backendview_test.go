@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -105,7 +106,7 @@ func TestBackendListAtOnePosition(t *testing.T) {
 	for _, c := range got {
 		rev[c.name] = c.rev
 	}
-	if err := a.release(ctx, Claim{Key: names[1], Revision: rev[names[1]]}); err != nil {
+	if err := a.release(ctx, ha.Claim{Name: names[1], Revision: rev[names[1]]}); err != nil {
 		t.Fatal(err)
 	}
 	lost := namesIn(g, 2, 1)[0]

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -116,7 +117,7 @@ func TestBackendFeedShowsClaimsAHandOverAReleaseAndAnEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := position(given.lease, given.claims[both[0]].token)
-	if err := x.release(ctx, Claim{Key: both[0], Revision: at}); err != nil {
+	if err := x.release(ctx, ha.Claim{Name: both[0], Revision: at}); err != nil {
 		t.Fatal(err)
 	}
 	sessions := map[sessionID]string{sa.id: "r0", sx.id: "r2"}

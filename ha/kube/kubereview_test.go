@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/bgctl/controller/ha"
 )
 
 // beginOn begins a session of b's member, or fails the test.
@@ -239,7 +241,7 @@ func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	c := needCluster(t)
 	st, a, sa, names, got := pausedHolder(t, c, 2, 0)
 	x, y := names[0], names[1]
-	old := Claim{Key: x, Revision: kubeClaimedBy(got)[x].rev}
+	old := ha.Claim{Name: x, Revision: kubeClaimedBy(got)[x].rev}
 	identity := a.live(sa.id).identity
 	// r1 takes x.
 	b, sb := kubeBegin(t, st, "r1")

@@ -193,7 +193,7 @@ func (s seam) ClaimLimits() (names, bytes int) { return s.b.g.claimBatch() }
 func (s seam) Release(ctx context.Context, c ha.Claim) error {
 	rctx, cancel := s.b.request(ctx)
 	defer cancel()
-	return seamErr(s.b.release(rctx, Claim{Key: c.Name, Revision: c.Revision, Token: c.Token}))
+	return seamErr(s.b.release(rctx, c))
 }
 
 func (s seam) MemberSession(ctx context.Context) (ha.SessionID, bool, error) {
