@@ -139,8 +139,9 @@ type kubeBackend struct {
 	// (seam.TakeOver): claims wait for the survivors' rewrites only
 	// shortly after it. Guarded by mu.
 	handOverAt time.Time
-	// handing is the number of takeOver calls running; one that ends
-	// closes moved too. Guarded by mu.
+	// handing is the number of takeOver calls running, and of hand-overs
+	// ha asked for (noteHandOver) whose takeOver has not ended; one that
+	// ends closes moved too. Guarded by mu.
 	handing int
 	// unhanded are the ended sessions, by identity, whose hand-over a
 	// claim waited for until the request timeout in vain

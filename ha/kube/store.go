@@ -176,8 +176,9 @@ var _ ha.TakeOver = seam{} // a replica on this store hands a crashed member's n
 // (takeOver), each bounded by the request timeout and ctx. A failure is
 // logged at Debug: the claims that follow write what it did not.
 func (s seam) TakeOver(ctx context.Context, id ha.SessionID, ownerOf func(name string) string, wg *sync.WaitGroup) {
-	s.b.noteHandOver()
+	s.b.noteHandOver() // counted as running from here, so that a claim that comes first waits for it
 	wg.Go(func() {
+		defer s.b.handOverDone()
 		if _, err := s.b.takeOver(ctx, sessionID(id), ownerOf); err != nil {
 			s.b.log.Debug(fmt.Sprintf("kube: handing over the names of ended sessions: %v", err))
 		}

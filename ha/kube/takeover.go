@@ -276,11 +276,22 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 	return wrote, nil
 }
 
-// noteHandOver records that this replica's ha asked for a hand-over now.
+// noteHandOver records that this replica's ha asked for a hand-over now,
+// and counts it running (handing) until handOverDone.
 func (b *kubeBackend) noteHandOver() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.handOverAt = time.Now()
+	b.handing++
+}
+
+// handOverDone ends what noteHandOver counted, and wakes the claims
+// waiting for this replica's own buckets.
+func (b *kubeBackend) handOverDone() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.handing--
+	b.wakeLocked()
 }
 
 // askedToHandOver reports that this replica's ha asked for a hand-over

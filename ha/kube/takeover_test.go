@@ -375,7 +375,8 @@ func TestBackendClaimWaitsForNoTakeOverOfItsOwn(t *testing.T) {
 		names = append(names, namesIn(g, i, 1)...)
 	}
 	crashHolding(t, c, g, a, names, 1)
-	a.noteHandOver()
+	a.noteHandOver() // as ha asks, with a takeOver that ended at once
+	a.handOverDone()
 	if took := claimEnded(t, a, sa, names); took >= 2*time.Second {
 		t.Errorf("the claim of an ended session's names in buckets r0 owns, with no takeOver running, took %v; want well under the request timeout (5s)", took.Round(time.Millisecond))
 	}
@@ -407,11 +408,13 @@ func TestBackendClaimWaitsForAMissingHandOverOnce(t *testing.T) {
 		t.Fatal("r1 owns none of the buckets")
 	}
 	crashHolding(t, c, g, a, slices.Concat(first, second), 2)
-	a.noteHandOver()
+	a.noteHandOver() // as ha asks, with a takeOver that ended at once
+	a.handOverDone()
 	if took := claimEnded(t, a, sa, first); took < a.requestTimeout {
 		t.Errorf("the first claim of r2's names in buckets r1 owns took %v; want the request timeout (%v), waiting for r1's hand-over", took.Round(time.Millisecond), a.requestTimeout)
 	}
-	a.noteHandOver()
+	a.noteHandOver() // as ha asks, with a takeOver that ended at once
+	a.handOverDone()
 	if took := claimEnded(t, a, sa, second); took >= 2*time.Second {
 		t.Errorf("the second claim of r2's names in buckets r1 never hands over took %v; want no second wait for the request timeout (5s)", took.Round(time.Millisecond))
 	}
