@@ -142,12 +142,7 @@ func TestRandomScheduleOnKubernetes(t *testing.T) {
 		return st.Lease != "" && slices.ContainsFunc(st.Members, func(m ha.MemberStatus) bool { return m.ID == id })
 	}
 	for _, id := range ids {
-		for !member(id) {
-			if time.Since(healed) > replicaTTL+20*time.Second {
-				t.Fatalf("%s is no working member %v after the last heal: %+v", id, time.Since(healed), g.rs[id].Status())
-			}
-			time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
-		}
+		waitFor(t, replicaTTL+20*time.Second-time.Since(healed), id+" a working member after the last heal", func() bool { return member(id) })
 	}
 	g.waitPlaced("after the schedule", replicaTTL+20*time.Second, ids...)
 	converged := time.Since(healed)
