@@ -12,8 +12,12 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,6 +44,7 @@ type scaleGroup struct {
 	names  []string
 	rec    *runs
 	writes atomic.Int64
+	tally  *writeTally // the writes by replica, Lease kind and answer, logged with the crash's figures
 	cuts   map[string]*cut
 	rs     map[string]*ha.Replica // the replicas not crashed
 }
@@ -49,7 +54,7 @@ type scaleGroup struct {
 func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGroup {
 	c := needCluster(t)
 	applyManifest(t, c)
-	g := &scaleGroup{t: t, d: d, rec: newRuns(), cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
+	g := &scaleGroup{t: t, d: d, rec: newRuns(), tally: &writeTally{n: map[string]int{}}, cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
 	group := "s" + strings.ToLower(rand.Text()[:10])
 	g.names = make([]string, n)
 	for i := range g.names {
@@ -70,7 +75,7 @@ func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGrou
 		cfg.QPS, cfg.Burst = float32(qps), int(2*qps)
 		ct := &cut{}
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-			ct.rt = writeCounter{rt: rt, n: &g.writes}
+			ct.rt = writeCounter{rt: g.tally.wrap(id, rt), n: &g.writes}
 			return ct
 		}
 		log := logrus.New()
@@ -151,6 +156,7 @@ func (g *scaleGroup) crashC() crashed {
 		}
 	}
 	w := g.writes.Load()
+	t0 := g.tally.snapshot()
 	g.cuts["c"].off.Store(true)
 	at := time.Now()
 	_ = g.rs["c"].Close()
@@ -162,6 +168,7 @@ func (g *scaleGroup) crashC() crashed {
 	g.t.Logf("c's share (%d names, %d moved) runs on a and b %v after the crash (D + %v), %d writes; the first started %v after the crash (D + %v), the last %v after the first",
 		len(ofC), moved, whole.Round(10*time.Millisecond), (whole - g.d).Round(10*time.Millisecond), got.writes,
 		got.first.Round(10*time.Millisecond), (got.first - g.d).Round(10*time.Millisecond), last.Sub(first).Round(10*time.Millisecond))
+	g.t.Logf("those writes by replica, Lease and answer: %s", g.tally.since(t0))
 	return got
 }
 
@@ -229,3 +236,62 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", g.writes.Load()-w, steady, float64(g.writes.Load()-w)/steady.Seconds())
 	g.crashC().check(t, d, 0, 0)
 }
+
+// writeTally counts the writes (requests other than GET) by replica,
+// the kind of Lease written (member or bucket) and the answer's status
+// class, so that a crash that took too many writes says whose they were
+// and how many conflicted.
+type writeTally struct {
+	mu sync.Mutex
+	n  map[string]int // guarded by mu: "replica member|bucket METHOD status" → writes
+}
+
+// wrap returns rt counting replica id's writes.
+func (w *writeTally) wrap(id string, rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if req.Method == http.MethodGet {
+			return resp, err
+		}
+		kind := "other"
+		switch {
+		case strings.Contains(req.URL.Path, memberInfix):
+			kind = "member"
+		case strings.Contains(req.URL.Path, bucketInfix):
+			kind = "bucket"
+		}
+		status := "error"
+		if err == nil {
+			status = strconv.Itoa(resp.StatusCode)
+		}
+		w.mu.Lock()
+		w.n[id+" "+kind+" "+req.Method+" "+status]++
+		w.mu.Unlock()
+		return resp, err
+	})
+}
+
+// snapshot returns a copy of the counts.
+func (w *writeTally) snapshot() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.n)
+}
+
+// since returns the counts that grew since before, sorted, one
+// "key: count" per entry.
+func (w *writeTally) since(before map[string]int) string {
+	var out []string
+	for k, v := range w.snapshot() {
+		if d := v - before[k]; d > 0 {
+			out = append(out, fmt.Sprintf("%s: %d", k, d))
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
+}
+
+// roundTripFunc is a function as an http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
