@@ -143,10 +143,14 @@ type kubeBackend struct {
 	// ha asked for (noteHandOver) whose takeOver has not ended; one that
 	// ends closes moved too. Guarded by mu.
 	handing int
+	// polledAt is when rememberBuckets last began a list: the claims
+	// waiting at once share one list every handOverPoll, since each
+	// list decodes every bucket. Guarded by mu.
+	polledAt time.Time
 	// unhanded are the ended sessions, by identity, whose hand-over a
-	// claim waited for until the request timeout in vain
-	// (awaitHandOvers): later claims wait for them no more. One entry per
-	// such session, a few a crash. Guarded by mu.
+	// claim waited for in vain (awaitHandOvers): later claims wait for
+	// them no more. One entry per such session, a few a crash. Guarded
+	// by mu.
 	unhanded map[string]bool
 }
 
