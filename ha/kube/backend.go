@@ -144,8 +144,8 @@ type kubeBackend struct {
 	// ends closes moved too. Guarded by mu.
 	handing int
 	// polledAt is when rememberBuckets last began a list: the claims
-	// waiting at once share one list every handOverPoll, since each
-	// list decodes every bucket. Guarded by mu.
+	// waiting at once share one list a poll, since each list decodes
+	// every bucket. Guarded by mu.
 	polledAt time.Time
 	// unhanded are the ended sessions, by identity, whose hand-over a
 	// claim waited for in vain (awaitHandOvers): later claims wait for

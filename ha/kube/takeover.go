@@ -130,6 +130,7 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 	defer limit.Stop()
 	poll := time.NewTicker(handOverPoll)
 	defer poll.Stop()
+	polled := time.Now() // this wait's last poll, at first its start (rememberBuckets)
 	for {
 		moved := b.bucketsMoved() // before the look: a version remembered, or a takeOver ended, after it closes it
 		handing := b.handingOver()
@@ -150,7 +151,7 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 		select {
 		case <-moved:
 		case <-poll.C:
-			b.rememberBuckets(ctx)
+			polled = b.rememberBuckets(ctx, polled)
 		case <-limit.C:
 			b.mu.Lock()
 			if b.unhanded == nil {
@@ -188,32 +189,36 @@ const handOverPoll = 250 * time.Millisecond
 
 // rememberBuckets lists every bucket Lease of the group, bounded by the
 // request timeout and ctx, and remembers each version (remember keeps
-// the later of it and the one known), unless a list began less than
-// handOverPoll ago (by another claim's wait: the versions it brings
-// wake every waiter). A list that fails is logged at Debug.
-func (b *kubeBackend) rememberBuckets(ctx context.Context) {
+// the later of it and the one known), unless another wait began a list
+// since last, the previous poll of the wait calling (the versions it
+// brings wake every waiter). It answers the time of this poll. A list
+// that fails is logged at Debug. Not a list begun less than
+// handOverPoll ago: a wait's ticks come a little late one time and less
+// the next, and it would skip every other list of its own.
+func (b *kubeBackend) rememberBuckets(ctx context.Context, last time.Time) time.Time {
 	b.mu.Lock()
 	now := time.Now()
-	recent := now.Sub(b.polledAt) < handOverPoll
-	if !recent {
+	shared := b.polledAt.After(last)
+	if !shared {
 		b.polledAt = now
 	}
 	b.mu.Unlock()
-	if recent {
-		return
+	if shared {
+		return now
 	}
 	rctx, cancel := b.request(ctx)
 	defer cancel()
 	ls, err := b.g.listBuckets(rctx)
 	if err != nil {
 		b.log.Debug(fmt.Sprintf("kube: listing the buckets of %s: %v", b.g.name, err))
-		return
+		return now
 	}
 	for k := range ls.Items {
 		if i, ok := b.bucketIndex(ls.Items[k].Name); ok {
 			b.remember(i, &ls.Items[k])
 		}
 	}
+	return now
 }
 
 // takeOver hands the names of ended sessions to their new owners, in the

@@ -556,33 +556,15 @@ func TestBackendClaimWaitsForAHandOverThatGoesOn(t *testing.T) {
 // makes, beside each other.
 func TestBackendClaimsWaitingShareTheirLists(t *testing.T) {
 	t.Parallel()
-	c := needCluster(t)
-	g := newTestGroup(t, c, 16, nil)
 	var lists atomic.Int64
-	cfg := replicaConfig(c, nil)
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return bucketLists{rt: rt, n: &lists} }
-	a := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, 2*time.Second)
-	runBackend(t, a)
-	sa := beginOn(t, a)
-	keepRenewing(t, a, sa)
-	liveOn(t, c, g, "r1")
-	var first, second []string // names of r2 in the buckets r1 owns among the survivors
-	for i := range g.buckets {
-		if bucketOwner(i, map[string]string{"r0": "", "r1": ""}) == "r1" {
-			names := namesIn(g, i, 2)
-			first, second = append(first, names[0]), append(second, names[1])
-		}
-	}
-	crashHolding(t, c, g, a, slices.Concat(first, second), 2)
-	a.noteHandOver() // as ha asks, with a takeOver of its own that ended at once: the buckets are r1's
-	a.handOverDone()
+	a, sa, names := waitingOnR1(t, 2*time.Second, 2, &lists)
 	l0 := lists.Load()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for _, names := range [][]string{first, second} {
+	for _, part := range names {
 		wg.Go(func() { // joined below
-			if got, _, err := a.claim(t.Context(), sa.id, names); err != nil || len(got) != len(names) {
-				t.Errorf("r0's claim of %d names: %d, %v", len(names), len(got), err)
+			if got, _, err := a.claim(t.Context(), sa.id, part); err != nil || len(got) != len(part) {
+				t.Errorf("r0's claim of %d names: %d, %v", len(part), len(got), err)
 			}
 		})
 	}
@@ -591,4 +573,54 @@ func TestBackendClaimsWaitingShareTheirLists(t *testing.T) {
 	if n, most := lists.Load()-l0, int64(took/handOverPoll)+2; n > most {
 		t.Errorf("two claims waiting %v beside each other listed the buckets %d times; want at most %d, one a poll (%v) and the claims' own", took.Round(time.Millisecond), n, most, handOverPoll)
 	}
+}
+
+// A claim that waits alone lists the buckets every handOverPoll, as a
+// claim beside others shares theirs: a rewrite the feed has not
+// brought yet is seen within a poll. Here r0's claim waits the request
+// timeout (4 s) for a hand-over r1 never makes. Before, a list was
+// skipped whenever one had begun less than a poll before, its own
+// included, and its ticks, a little late one time and less the next,
+// made it skip about every other one: 9 or 10 lists in 4 s, 16 polls
+// due (15 now).
+func TestBackendClaimWaitingAloneListsEveryPoll(t *testing.T) {
+	t.Parallel()
+	var lists atomic.Int64
+	a, sa, names := waitingOnR1(t, 4*time.Second, 1, &lists)
+	l0 := lists.Load()
+	took := claimEnded(t, a, sa, names[0])
+	if n, least := lists.Load()-l0, int64(took/handOverPoll)*3/4; n < least {
+		t.Errorf("a claim waiting alone %v listed the buckets %d times; want at least %d, about one a poll (%v)", took.Round(time.Millisecond), n, least, handOverPoll)
+	}
+}
+
+// waitingOnR1 starts r0, its request timeout timeout and its lists of
+// bucket Leases counted in lists, and r1, both live in a group of 16
+// buckets, and has r2 claim perBucket names in each bucket r1 owns
+// among them and crash. r0's ha has asked for a hand-over, its own
+// takeOver ended at once; r1 makes none. It answers r0, its session
+// and r2's names, the k-th of each bucket in names[k].
+func waitingOnR1(t *testing.T, timeout time.Duration, perBucket int, lists *atomic.Int64) (*kubeBackend, seamSession, [][]string) {
+	t.Helper()
+	c := needCluster(t)
+	g := newTestGroup(t, c, 16, nil)
+	cfg := replicaConfig(c, nil)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return bucketLists{rt: rt, n: lists} }
+	a := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, timeout)
+	runBackend(t, a)
+	sa := beginOn(t, a)
+	keepRenewing(t, a, sa)
+	liveOn(t, c, g, "r1")
+	names := make([][]string, perBucket)
+	for i := range g.buckets {
+		if bucketOwner(i, map[string]string{"r0": "", "r1": ""}) == "r1" {
+			for k, n := range namesIn(g, i, perBucket) {
+				names[k] = append(names[k], n)
+			}
+		}
+	}
+	crashHolding(t, c, g, a, slices.Concat(names...), 2)
+	a.noteHandOver() // as ha asks, with a takeOver of its own that ended at once: the buckets are r1's
+	a.handOverDone()
+	return a, sa, names
 }
