@@ -81,9 +81,15 @@ func replicaHTTP(t testing.TB, c *cluster, cfg *rest.Config) *http.Client {
 // when the test ends.
 func newTestGroup(t *testing.T, c *cluster, buckets int, tp *tap) *group {
 	t.Helper()
+	return newTestGroupOf(t, c, buckets, testD, tp)
+}
+
+// newTestGroupOf is newTestGroup with D = d.
+func newTestGroupOf(t *testing.T, c *cluster, buckets int, d time.Duration, tp *tap) *group {
+	t.Helper()
 	applyManifest(t, c)
 	name := "g" + strings.ToLower(rand.Text()[:10])
-	g, err := newGroup(nil, nil, name, buckets, testD)
+	g, err := newGroup(nil, nil, name, buckets, d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,18 +134,19 @@ func (b *kubeBackend) awaitHandOvers(ctx context.Context, byBucket map[int][]str
 	for {
 		moved := b.bucketsMoved() // before the look: a version remembered, or a takeOver ended, after it closes it
 		handing := b.handingOver()
-		before := len(pending)
+		rewritten := false
 		for i, rv := range pending {
 			if k := b.known(i); k != nil && k.lease != nil && rvOf(k.lease) > rv {
 				delete(pending, i)
+				rewritten = true
 			} else if !handing && bucketOwner(i, members) == b.id {
-				delete(pending, i) // this replica's own takeOver would write it, and none runs
+				delete(pending, i) // this replica's own takeOver would write it, and none runs: no sign of a hand-over going on
 			}
 		}
 		if len(pending) == 0 {
 			return
 		}
-		if len(pending) < before {
+		if rewritten {
 			limit.Reset(min(b.requestTimeout, time.Until(whole))) // a hand-over goes on: wait for the rest
 		}
 		select {

@@ -6,7 +6,6 @@
 package kube
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -494,13 +493,7 @@ func liveOn(t *testing.T, c *cluster, g *group, id string) (*kubeBackend, seamSe
 func TestBackendClaimWaitsForAHandOverThatGoesOn(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
-	const d = 6 * time.Second // the group's D: the wait's whole bound
-	gr, err := newGroup(nil, nil, "g"+strings.ToLower(rand.Text()[:10]), 8, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deleteGroupAtEnd(t, c, gr.name)
-	applyManifest(t, c)
+	gr := newTestGroupOf(t, c, 8, 6*time.Second, nil) // D, the wait's whole bound
 	var reads, writes atomic.Int64
 	cfg := replicaConfig(c, nil)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -623,4 +616,41 @@ func waitingOnR1(t *testing.T, timeout time.Duration, perBucket int, lists *atom
 	a.noteHandOver() // as ha asks, with a takeOver of its own that ended at once: the buckets are r1's
 	a.handOverDone()
 	return a, sa, names
+}
+
+// A claim's wait starts its give-up timer again at a rewrite it sees,
+// not when its own replica's takeOver ends: the buckets that one leaves
+// unwritten (a write that failed) are the claim's to write, no sign
+// that the other survivors' hand-over goes on. Here r0's takeOver runs
+// until 2.5 s into r0's claim, its request timeout 3 s, and ends
+// without a write; r1 never hands its buckets over. The claim gives up
+// at the request timeout. Before, the end of r0's takeOver dropped its
+// buckets from the wait and started the timer again: 5.5 s, within the
+// wait's whole bound, D (6 s).
+func TestBackendClaimWaitsNoLongerForItsOwnTakeOversEnd(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	g := newTestGroupOf(t, c, 16, 6*time.Second, nil)
+	a := newKubeBackend(groupOn(t, c, g, replicaConfig(c, nil)), "r0", slog.New(slog.DiscardHandler), nil, 3*time.Second)
+	runBackend(t, a)
+	sa := beginOn(t, a)
+	keepRenewing(t, a, sa)
+	liveOn(t, c, g, "r1")
+	var names []string // a name of r2 in each bucket: r0 owns some, r1 the others
+	for i := range g.buckets {
+		names = append(names, namesIn(g, i, 1)...)
+	}
+	crashHolding(t, c, g, a, names, 2)
+	a.noteHandOver() // as ha asks; its takeOver ends below, having written nothing
+	ended := make(chan struct{})
+	go func() { // joined below
+		defer close(ended)
+		time.Sleep(2500 * time.Millisecond)
+		a.handOverDone()
+	}()
+	took := claimEnded(t, a, sa, names)
+	<-ended
+	if took >= a.requestTimeout+1500*time.Millisecond {
+		t.Errorf("r0's claim, its takeOver ending unwritten 2.5 s in and r1 handing nothing over, took %v; want about the request timeout (%v)", took.Round(time.Millisecond), a.requestTimeout)
+	}
 }
