@@ -489,11 +489,42 @@ func liveOn(t *testing.T, c *cluster, g *group, id string) (*kubeBackend, seamSe
 // 3,000 names under load took 404 writes and 108 conflicts, for 256
 // buckets). The wait still ends a request timeout after the last
 // rewrite it saw (TestBackendClaimWaitsForAMissingHandOverOnce), and D
-// after it began at the latest.
+// after it began at the latest (TestBackendClaimWaitsForAHandOverAtMostD).
 func TestBackendClaimWaitsForAHandOverThatGoesOn(t *testing.T) {
 	t.Parallel()
+	if took, w := claimHandedOneASecond(t, 3); w != 0 {
+		t.Errorf("r0's claim of 3 names, which r1 was handing over one bucket a second, wrote %d times after %v; want none: each was handed to it", w, took.Round(time.Millisecond))
+	}
+}
+
+// A claim waits for a hand-over that goes on no longer than D (6 s
+// here) from its start: here r1 rewrites ten buckets one a second, and
+// r0's claim of r2's names in them, its request timeout 2 s, gives up
+// after six and writes the rest itself. Without the bound, a hand-over
+// that trickles on would hold the claim, and the names of every bucket
+// already handed over with it, as long as it lasts (here 10 s).
+func TestBackendClaimWaitsForAHandOverAtMostD(t *testing.T) {
+	t.Parallel()
+	if took, _ := claimHandedOneASecond(t, 10); took >= handOverD+1500*time.Millisecond {
+		t.Errorf("r0's claim of 10 names, which r1 was handing over one bucket a second, took %v; want about D (%v)", took.Round(time.Millisecond), handOverD)
+	}
+}
+
+// handOverD is the D of claimHandedOneASecond's group: the whole bound
+// of a claim's wait, its request timeout being shorter.
+const handOverD = 6 * time.Second
+
+// claimHandedOneASecond has r2 claim a name in each of n buckets that
+// r1 owns among r0 and r1 (bucketOwner), in a group of 32 buckets and D
+// handOverD, and crash; then r1 hands those names to r0 one bucket a
+// second, while r0, its request timeout 2 s and its ha having asked for
+// a hand-over, claims them all. It fails the test unless r0 gets every
+// name and r1's writes succeed, and answers how long r0's claim took
+// and how many bucket writes r0 sent meanwhile.
+func claimHandedOneASecond(t *testing.T, n int) (time.Duration, int64) {
+	t.Helper()
 	c := needCluster(t)
-	gr := newTestGroupOf(t, c, 8, 6*time.Second, nil) // D, the wait's whole bound
+	gr := newTestGroupOf(t, c, 32, handOverD, nil)
 	var reads, writes atomic.Int64
 	cfg := replicaConfig(c, nil)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -507,13 +538,13 @@ func TestBackendClaimWaitsForAHandOverThatGoesOn(t *testing.T) {
 	var buckets []int
 	var names []string
 	for i := range gr.buckets {
-		if bucketOwner(i, map[string]string{"r0": "", "r1": ""}) == "r1" && len(buckets) < 3 {
+		if bucketOwner(i, map[string]string{"r0": "", "r1": ""}) == "r1" && len(buckets) < n {
 			buckets = append(buckets, i)
 			names = append(names, namesIn(gr, i, 1)...)
 		}
 	}
-	if len(buckets) < 3 {
-		t.Fatalf("r1 owns %d of the %d buckets among r0 and r1; want at least 3", len(buckets), gr.buckets)
+	if len(buckets) < n {
+		t.Fatalf("r1 owns %d of the %d buckets among r0 and r1; want at least %d", len(buckets), gr.buckets, n)
 	}
 	crashHolding(t, c, gr, a, names, 2)
 	toA := a.live(sa.id).identity
@@ -532,12 +563,11 @@ func TestBackendClaimWaitsForAHandOverThatGoesOn(t *testing.T) {
 		handed <- nil
 	}()
 	took := claimEnded(t, a, sa, names)
+	w := writes.Load() - w0
 	if err := <-handed; err != nil {
 		t.Fatal(err)
 	}
-	if w := writes.Load() - w0; w != 0 {
-		t.Errorf("r0's claim of %d names, which r1 was handing over one bucket a second, wrote %d times after %v; want none: each was handed to it", len(names), w, took.Round(time.Millisecond))
-	}
+	return took, w
 }
 
 // Claims that wait for hand-overs at once share one list of the buckets
