@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -251,16 +252,19 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 		b.wakeLocked() // the claims waiting for this replica's buckets
 		b.mu.Unlock()
 	}()
+	owned := map[int]known{} // the versions planned from, copied under the lock, decoded outside it
+	for i, k := range b.buckets {
+		if k.lease != nil && bucketOwner(i, members) == b.id {
+			owned[i] = k
+		}
+	}
+	b.mu.Unlock()
 	type plan struct {
-		i    int
 		from known
 		give map[string]string
 	}
-	var plans []plan
-	for i, k := range b.buckets {
-		if k.lease == nil || bucketOwner(i, members) != b.id {
-			continue
-		}
+	byIndex := map[int]plan{}
+	for i, k := range owned {
 		c, err := claimsOf(k.lease)
 		if err != nil {
 			continue
@@ -272,19 +276,13 @@ func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(n
 			}
 		}
 		if len(give) > 0 {
-			plans = append(plans, plan{i: i, from: k, give: give})
+			byIndex[i] = plan{from: k, give: give}
 		}
 	}
-	b.mu.Unlock()
 	var mu sync.Mutex
 	var wrote int
 	var errs []error
-	byIndex := map[int]plan{}
-	var buckets []int
-	for _, p := range plans {
-		byIndex[p.i] = p
-		buckets = append(buckets, p.i)
-	}
+	buckets := slices.Collect(maps.Keys(byIndex))
 	b.each(buckets, func(i int) {
 		p := byIndex[i]
 		rctx, cancel := b.request(ctx) // each bucket's write on its own, as claim's
