@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,8 +42,7 @@ type scaleGroup struct {
 	d      time.Duration
 	names  []string
 	rec    *runs
-	writes atomic.Int64
-	tally  *writeTally // the writes by replica, Lease kind and answer, logged with the crash's figures
+	writes *writeTally // by replica, Lease kind and answer: the crash's are logged
 	cuts   map[string]*cut
 	rs     map[string]*ha.Replica // the replicas not crashed
 }
@@ -54,7 +52,7 @@ type scaleGroup struct {
 func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGroup {
 	c := needCluster(t)
 	applyManifest(t, c)
-	g := &scaleGroup{t: t, d: d, rec: newRuns(), tally: &writeTally{n: map[string]int{}}, cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
+	g := &scaleGroup{t: t, d: d, rec: newRuns(), writes: &writeTally{n: map[string]int{}}, cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
 	group := "s" + strings.ToLower(rand.Text()[:10])
 	g.names = make([]string, n)
 	for i := range g.names {
@@ -75,7 +73,7 @@ func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGrou
 		cfg.QPS, cfg.Burst = float32(qps), int(2*qps)
 		ct := &cut{}
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-			ct.rt = writeCounter{rt: g.tally.wrap(id, rt), n: &g.writes}
+			ct.rt = tallied{rt: rt, id: id, w: g.writes}
 			return ct
 		}
 		log := logrus.New()
@@ -122,7 +120,7 @@ func (g *scaleGroup) placed(what string, limit time.Duration, on ...string) time
 func (g *scaleGroup) join() {
 	g.t.Helper()
 	start := time.Now()
-	w0 := g.writes.Load()
+	w0 := g.writes.total()
 	for _, id := range []string{"a", "b", "c"} {
 		go func() { // joined below: placed waits for every name to run
 			if err := g.rs[id].Join(context.Background()); err != nil {
@@ -132,7 +130,7 @@ func (g *scaleGroup) join() {
 	}
 	took := g.placed("three replicas", 5*time.Minute, "a", "b", "c")
 	g.t.Logf("%d names placed over three replicas %v after they began joining (%v after the last name started), %d writes",
-		len(g.names), time.Since(start).Round(10*time.Millisecond), took.Round(10*time.Millisecond), g.writes.Load()-w0)
+		len(g.names), time.Since(start).Round(10*time.Millisecond), took.Round(10*time.Millisecond), g.writes.total()-w0)
 }
 
 // crashed is what crashC measured, from the crash: when c's share ran
@@ -155,8 +153,7 @@ func (g *scaleGroup) crashC() crashed {
 			ofC = append(ofC, nm)
 		}
 	}
-	w := g.writes.Load()
-	t0 := g.tally.snapshot()
+	t0 := g.writes.snapshot()
 	g.cuts["c"].off.Store(true)
 	at := time.Now()
 	_ = g.rs["c"].Close()
@@ -164,11 +161,11 @@ func (g *scaleGroup) crashC() crashed {
 	g.placed("after c crashed", 5*time.Minute, "a", "b")
 	whole := time.Since(at)
 	first, last, moved := g.rec.startedBetween(ofC, at)
-	got := crashed{whole: whole, first: first.Sub(at), last: last.Sub(at), writes: g.writes.Load() - w}
+	got := crashed{whole: whole, first: first.Sub(at), last: last.Sub(at), writes: g.writes.total() - total(t0)}
 	g.t.Logf("c's share (%d names, %d moved) runs on a and b %v after the crash (D + %v), %d writes; the first started %v after the crash (D + %v), the last %v after the first",
 		len(ofC), moved, whole.Round(10*time.Millisecond), (whole - g.d).Round(10*time.Millisecond), got.writes,
 		got.first.Round(10*time.Millisecond), (got.first - g.d).Round(10*time.Millisecond), last.Sub(first).Round(10*time.Millisecond))
-	g.t.Logf("those writes by replica, Lease and answer: %s", g.tally.since(t0))
+	g.t.Logf("those writes by replica, Lease and answer: %s", g.writes.since(t0))
 	return got
 }
 
@@ -231,45 +228,62 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	g := newScaleGroup(t, n, *replicaScaleQPS, d)
 	g.join()
 	time.Sleep(d) // let the joins' last writes settle before the steady window
-	w := g.writes.Load()
+	w := g.writes.total()
 	steady := 3 * d
 	time.Sleep(steady) // the steady-state window: nothing happens but renewals
-	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", g.writes.Load()-w, steady, float64(g.writes.Load()-w)/steady.Seconds())
+	t.Logf("steady state: %d writes in %v, %.2f a second (three sessions renewing every (D − Margin)/4)", g.writes.total()-w, steady, float64(g.writes.total()-w)/steady.Seconds())
 	g.crashC().check(t, d, 5*time.Second, 0)
 }
 
 // writeTally counts the writes (requests other than GET) by replica,
 // the kind of Lease written (member or bucket) and the answer's status
-// class, so that a crash that took too many writes says whose they were
+// code, so that a crash that took too many writes says whose they were
 // and how many conflicted.
 type writeTally struct {
 	mu sync.Mutex
 	n  map[string]int // guarded by mu: "replica member|bucket METHOD status" → writes
 }
 
-// wrap returns rt counting replica id's writes.
-func (w *writeTally) wrap(id string, rt http.RoundTripper) http.RoundTripper {
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		resp, err := rt.RoundTrip(req)
-		if req.Method == http.MethodGet {
-			return resp, err
-		}
-		kind := "other"
-		switch {
-		case strings.Contains(req.URL.Path, memberInfix):
-			kind = "member"
-		case strings.Contains(req.URL.Path, bucketInfix):
-			kind = "bucket"
-		}
-		status := "error"
-		if err == nil {
-			status = strconv.Itoa(resp.StatusCode)
-		}
-		w.mu.Lock()
-		w.n[id+" "+kind+" "+req.Method+" "+status]++
-		w.mu.Unlock()
+// tallied is a replica's transport that counts its writes in w.
+type tallied struct {
+	rt http.RoundTripper
+	id string // the replica
+	w  *writeTally
+}
+
+// RoundTrip sends req, and counts it if it is a write.
+func (t tallied) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.rt.RoundTrip(req)
+	if req.Method == http.MethodGet {
 		return resp, err
-	})
+	}
+	kind := "other"
+	switch {
+	case strings.Contains(req.URL.Path, memberInfix):
+		kind = "member"
+	case strings.Contains(req.URL.Path, bucketInfix):
+		kind = "bucket"
+	}
+	status := "error"
+	if err == nil {
+		status = strconv.Itoa(resp.StatusCode)
+	}
+	t.w.mu.Lock()
+	t.w.n[t.id+" "+kind+" "+req.Method+" "+status]++
+	t.w.mu.Unlock()
+	return resp, err
+}
+
+// total returns the writes counted.
+func (w *writeTally) total() int64 { return total(w.snapshot()) }
+
+// total sums the counts of n.
+func total(n map[string]int) int64 {
+	var sum int64
+	for _, v := range n {
+		sum += int64(v)
+	}
+	return sum
 }
 
 // snapshot returns a copy of the counts.
@@ -291,8 +305,3 @@ func (w *writeTally) since(before map[string]int) string {
 	slices.Sort(out)
 	return strings.Join(out, ", ")
 }
-
-// roundTripFunc is a function as an http.RoundTripper.
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
