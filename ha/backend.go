@@ -156,8 +156,16 @@ type Backend interface {
 	// one of an earlier run: restart) lives unless renewed (left), and
 	// the validity of its grant or last renewal (granted). left may be up
 	// to a second short (etcd truncates it to whole seconds).
-	// ErrSessionEnded: the session has ended. Bounded
-	// by ctx alone.
+	// ErrSessionEnded: the session has ended. An earlier run's session
+	// is one this backend never began (another process, with the same
+	// ID, crashed or frozen): a store must read it, never answer
+	// ErrSessionEnded for it while it may live, for the replica waits
+	// in Join until it does and then begins. A store without a server
+	// TTL answers it as PeerLeft does, from its own readings (its first
+	// reading of the session's record starts its count), and proves the
+	// end before it says ErrSessionEnded; a renewal the earlier run
+	// makes meanwhile moves the end it answers later, which tells the
+	// replica a live duplicate. Bounded by ctx alone.
 	TimeLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
 
 	// PeerLeft reads, as TimeLeft does, how long another member's

@@ -217,6 +217,31 @@ func TestMemReplicasSpreadCrashAndLeave(t *testing.T) {
 	})
 }
 
+// TestMemReplicaRestartedUnderItsIDWaitsForItsEarlierSession crashes one
+// of three replicas (closed without leaving: its session is left to
+// expire) and starts it again under its ID at once, as a container
+// restarted in its pod would be: Join waits for the earlier run's session
+// to run out, then joins, within a poll of it, and the restarted replica
+// gets its share back; no name ever runs on two replicas at once.
+func TestMemReplicaRestartedUnderItsIDWaitsForItsEarlierSession(t *testing.T) {
+	runMemGroup(t, 30, func(t *testing.T, g *memGroup) {
+		three, _ := g.joinThree()
+		expires := g.expiry("r1")
+		if err := g.rs["r1"].Close(); err != nil {
+			t.Fatalf("Close(r1): %v", err)
+		}
+		delete(g.rs, "r1")
+		g.join("r1") // the restart: the same ID, at once
+		joined := g.rec.Now()
+		t.Logf("the earlier run's session ran out at %v; the restarted r1 joined at %v", expires, joined)
+		if joined < expires || joined > expires+restartPoll+prompt {
+			t.Errorf("the restarted r1 joined at %v; want once the earlier run's session ran out, at %v, within a poll (%v)", joined, expires, restartPoll)
+		}
+		g.waitPlacement(three, 10*time.Second)
+		g.ended("r1 2 expired")
+	})
+}
+
 // TestMemReplicaPartitioned cuts one of three replicas off from the
 // store while its controllers run: its fence stops them before its
 // session expires, the others run its names only once it has, and when

@@ -61,10 +61,11 @@ type Options struct {
 	// table). Zero: the host name and eight random hex digits, a new ID
 	// at every start. A stable ID (a StatefulSet's pod name, a host name)
 	// is the better choice where there is one: a replica that restarts
-	// under it after a crash waits in Join for its old lease to run out,
-	// and the names it held come back to it; with the default, the old
-	// member and its names linger until that lease runs out, and the
-	// names may move twice.
+	// under it after a crash waits in Join for its old session to end
+	// (at most about TTL, on every store: Replica.Join), and the names
+	// it held come back to it; with the default, the old member and its
+	// names linger until that session ends, and the names may move
+	// twice.
 	ID string
 
 	// Mode is how names are spread over the members. Zero: [Spread].

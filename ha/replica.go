@@ -317,11 +317,15 @@ var ErrJoined = errors.New("ha: the replica has joined already")
 // client must outlive the Replica; closing it without Leave is how a
 // crash looks to the others.
 //
-// A replica that starts again under the ID of one that crashed (a
-// StatefulSet's pod name, a host name) finds its member key held under
-// the crashed incarnation's lease: Join waits, within ctx, for that lease
-// to run out (at most TTL after its last renewal), and then joins. While
-// the lease is being renewed, another live replica has this ID, and Join
+// A replica that starts again under the ID of one that crashed or is
+// frozen (a StatefulSet's pod name, a host name, a container restarted
+// in its pod) finds its member record held by the earlier run's session:
+// Join waits, within ctx, for that session to end, and then joins. On
+// etcd its lease runs out at most TTL after its last renewal; on
+// Kubernetes the other replicas' observers prove it ended D after they
+// last saw it renewed, or the restarted replica's own readings do, D
+// after its first (so at most about TTL after the restart). While the
+// session is being renewed, another live replica has this ID, and Join
 // returns an error wrapping [ErrDuplicateID], within a few renewals.
 //
 // After a failed Join the replica may Join again. It returns [ErrClosed]

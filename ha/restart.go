@@ -11,6 +11,10 @@ import (
 	"time"
 )
 
+// restartPoll is how often awaitPreviousIncarnation reads the earlier
+// run's session.
+const restartPoll = 500 * time.Millisecond
+
 // awaitPreviousIncarnation waits, within ctx, while this replica's member
 // key is held under a lease that nobody renews: a previous incarnation of
 // this replica (same ID) that crashed, whose lease runs out within its
@@ -68,7 +72,7 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return fmt.Errorf("ha: waiting for lease %x, which holds the member record of %q, to run out: %w", int64(lease), r.opts.ID, context.Cause(ctx))
 		}
-		if !pause(ctx, 500*time.Millisecond) {
+		if !pause(ctx, restartPoll) {
 			return fmt.Errorf("ha: waiting for lease %x, which holds the member record of %q, to run out: %w", int64(lease), r.opts.ID, context.Cause(ctx))
 		}
 	}

@@ -48,7 +48,7 @@ const etcdReleaseEnv = "HA_ETCD_VERSION"
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if addr := os.Getenv(childEtcdEnv); addr != "" {
-		pausedChild(addr, os.Getenv(childPrefixEnv))
+		pausedChild(addr, os.Getenv(childPrefixEnv), os.Getenv(childIDEnv))
 		return
 	}
 	stop, err := startEtcd()

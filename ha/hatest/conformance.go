@@ -79,6 +79,8 @@ var cases = []Case{
 	{"ListingHoldsTheGroupAtOnePosition", conformList},
 	{"AnotherMembersSessionIsRead", conformPeerLeft},
 	{"FeedDeliversChangesAndASessionsEndInOneBatch", conformFeed},
+	{"RestartWaitsForTheEarlierRunsSilentSession", conformRestartSilent},
+	{"RestartNeverEndsARenewedSession", conformRestartRenewed},
 }
 
 // beginR0 begins a session of replica r0, or fails the test.
@@ -891,4 +893,110 @@ func conformFeed(t *testing.T, st Group) {
 		"gone r0, released y")
 	f.Stop()
 	wg.Wait()
+}
+
+// A replica restarted under its ID (a new backend of that ID: a new
+// process) while the session of its earlier run lives, the earlier run
+// silent (crashed, or frozen), finds its member record under that
+// session, and reads the session as live, with time left of its TTL,
+// until it has ended, never before the validity of its last renewal
+// (the call of renew + valid) has run out, and at most about a TTL and
+// the store's slack later; then it begins. This is what Replica.Join's
+// wait relies on: it begins once TimeLeft says ErrSessionEnded. The
+// restarted replica reads alone: no other replica watches the group (a
+// group of one replica, restarted).
+func conformRestartSilent(t *testing.T, st Group) {
+	ctx := context.Background()
+	earlier, s := beginR0(t, st)
+	renewed := time.Now()
+	valid, err := earlier.Renew(ctx, s.ID) // its last: it crashes after it
+	if err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	later := st.Backend("r0")
+	id, found, err := later.MemberSession(ctx)
+	if err != nil || !found || id != s.ID {
+		t.Fatalf("memberSession of the restarted replica = %d, %v, %v; want the earlier run's %d", id, found, err, s.ID)
+	}
+	if s2, err := later.Begin(ctx, 0, TTL, "digest"); !errors.Is(err, ha.ErrDuplicateID) {
+		if err == nil {
+			_ = later.End(ctx, s2.ID)
+		}
+		t.Fatalf("begin of the restarted replica while the earlier run's session lives: %v, want ErrDuplicateID", err)
+	}
+	giveUp := renewed.Add(valid + TTL + st.Slack)
+	for {
+		left, granted, err := later.TimeLeft(ctx, id)
+		answered := time.Now()
+		if errors.Is(err, ha.ErrSessionEnded) {
+			if until := renewed.Add(valid); answered.Before(until) {
+				t.Errorf("timeLeft said ended %v before the validity of the earlier run's last renewal ran out", until.Sub(answered))
+			}
+			break
+		}
+		if err != nil {
+			t.Fatalf("timeLeft of the earlier run's session: %v", err)
+		}
+		if granted != TTL || left < 0 || left > granted {
+			t.Errorf("timeLeft of the earlier run's session = %v of %v; want at most its TTL %v", left, granted, TTL)
+		}
+		if answered.After(giveUp) {
+			t.Fatalf("the earlier run's session, silent since its renewal %v ago, still lives (%v left)", answered.Sub(renewed), left)
+		}
+		time.Sleep(TTL / 20)
+	}
+	s2, err := later.Begin(ctx, 0, TTL, "digest")
+	if err != nil {
+		t.Fatalf("begin of the restarted replica once the earlier run's session ended: %v", err)
+	}
+	defer func() { _ = later.End(ctx, s2.ID) }()
+	if id, found, _ := later.MemberSession(ctx); !found || id != s2.ID {
+		t.Errorf("after the restart the member record is under %d (found %v), want the new session %d", id, found, s2.ID)
+	}
+	if _, err := earlier.Renew(ctx, s.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("the earlier run's renewal after the restart began: %v, want ErrSessionEnded", err)
+	}
+}
+
+// A replica started under an ID whose other run is alive and renews (a
+// real duplicate, not a restart) never reads that session as ended, and
+// its readings show the session's end moving later with each renewal:
+// what tells Replica.Join a live duplicate from a crashed run. Its begin
+// is refused throughout.
+func conformRestartRenewed(t *testing.T, st Group) {
+	ctx := context.Background()
+	earlier, s := beginR0(t, st)
+	defer func() { _ = earlier.End(ctx, s.ID) }()
+	later := st.Backend("r0")
+	var first time.Time // the end the first reading implies: its send time + left
+	for i := range 24 { // three TTLs
+		if i%2 == 0 {
+			if _, err := earlier.Renew(ctx, s.ID); err != nil {
+				t.Fatalf("the live run's renewal: %v", err)
+			}
+		}
+		sent := time.Now()
+		left, _, err := later.TimeLeft(ctx, s.ID)
+		if err != nil {
+			t.Fatalf("timeLeft of a session renewed every %v, read %v after its begin: %v; want it live", TTL/4, time.Since(s.Sent).Round(time.Millisecond), err)
+		}
+		if first.IsZero() {
+			first = sent.Add(left)
+		}
+		if i == 23 {
+			if end := sent.Add(left); end.Sub(first) < TTL {
+				t.Errorf("the readings over %v of renewals put the session's end %v later than the first did; want it moved by a TTL (%v) at least", 3*TTL, end.Sub(first), TTL)
+			}
+		}
+		time.Sleep(TTL / 8)
+	}
+	if s2, err := later.Begin(ctx, 0, TTL, "digest"); !errors.Is(err, ha.ErrDuplicateID) {
+		if err == nil {
+			_ = later.End(ctx, s2.ID)
+		}
+		t.Errorf("begin while another run of the ID renews: %v, want ErrDuplicateID", err)
+	}
+	if !alive(t, earlier, s.ID) {
+		t.Error("the live run's session ended under the other run's readings")
+	}
 }

@@ -111,9 +111,11 @@ const claimWorkers = 8
 // none leaves a goroutine running when it returns; run is the one that
 // runs until its context ends, and its caller owns it.
 //
-// Its sessions are the ones begin started here: a session begun by
-// another process (this replica's previous run) is one it does not know,
-// and answers errSessionEnded for.
+// Its sessions are the ones begin started here. A session begun by
+// another process under this replica's ID (its previous run, before a
+// restart) is read through its member Lease by timeLeft (earlierLeft),
+// which judges it as the observers judge a silent member; every other
+// call naming such a session answers errSessionEnded.
 type kubeBackend struct {
 	// Immutable after newKubeBackend.
 	g              *group
@@ -580,10 +582,17 @@ func (b *kubeBackend) memberSession(ctx context.Context) (sessionID, bool, error
 // every version between the create and the session's last write is one
 // of its own, each guarded by the one before. A Lease gone or written by
 // another since is errSessionEnded.
+//
+// A session this backend never began (this replica's previous run, which
+// a restart under the same ID finds holding its member Lease) is read by
+// earlierLeft instead.
 func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
 	s := b.live(id)
 	if s == nil {
-		return 0, 0, b.ended(id)
+		if b.began(id) {
+			return 0, 0, b.ended(id)
+		}
+		return b.earlierLeft(ctx, id)
 	}
 	l, err := b.g.leases.Get(ctx, s.name, metav1.GetOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -597,6 +606,71 @@ func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 		return 0, 0, fmt.Errorf("%w: %s was deleted or written by another", errSessionEnded, s.name)
 	}
 	return max(time.Until(valid), 0), b.g.duration, nil
+}
+
+// began reports whether session id is one this backend began and still
+// keeps (live, lost or ending).
+func (b *kubeBackend) began(id sessionID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sessions[id] != nil
+}
+
+// earlierLeft reads how long session id of an earlier run of this
+// replica (a process that had the same ID, crashed or was frozen, and
+// whose member Lease a restart finds) lives unless renewed, as this
+// backend's observer judges any silent member (observer): a quorum read
+// of the member Lease stamps its version at receipt, the session lives
+// until that stamp + D (left, of granted D), and once the version is due
+// the observer deletes the Lease on condition of it (expire), which
+// proves the session ended: errSessionEnded, and begin may create the
+// Lease anew. A version written since (the earlier run renews: it is a
+// live duplicate, not a crashed run) is stamped anew, so left moves
+// later by the time between the writes, which ha's restart wait counts
+// as a renewal. The Lease found gone, of another session, or marked
+// ended by its session is errSessionEnded at once: begin then creates
+// it, finds it under another session (a duplicate), or deletes a marked
+// one (proveMemberEnded). A Lease deleted by someone else proves nothing
+// of the earlier run's fence, but its holdings are judged by every
+// observer's rule all the same (a bucket's entry of a session is free
+// only once the observer counts it ended), so no name of it starts
+// early. Sample, D = 5 s, the earlier run SIGKILLed at 10.0 just after
+// a renewal, restarted at 11.0:
+//
+//	t = 11.2  read: rv 41 unchanged, stamped 11.2 → left 5.0 s
+//	t = 11.7 … 15.7  reads every 0.5 s: rv 41 → left 4.5 … 0.5 s
+//	t = 16.2  due: the quorum read shows rv 41, the delete on condition
+//	          of it succeeds → errSessionEnded; Join begins its session
+//
+// Had the earlier run been frozen rather than killed, its fence passed
+// by 15.0 − Margin: its last renewal was sent before 10.0, and the
+// stamp, 11.2, comes after that renewal's commit.
+func (b *kubeBackend) earlierLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+	name := b.g.memberName(b.id)
+	l, err := b.g.leases.Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
+	switch {
+	case apierrors.IsNotFound(err):
+		return 0, 0, fmt.Errorf("%w: session %x: %s is gone", errSessionEnded, int64(id), name)
+	case err != nil:
+		return 0, 0, fmt.Errorf("kube: reading %s: %w", name, err)
+	}
+	identity := holder(l)
+	if idOf(identity) != id || endMarked(l) {
+		return 0, 0, fmt.Errorf("%w: session %x: %s is under another session, or marked ended by its own", errSessionEnded, int64(id), name)
+	}
+	b.o.see(l, time.Now())
+	if ended, err := b.o.expire(ctx, identity); err != nil {
+		return 0, 0, err
+	} else if ended {
+		return 0, 0, fmt.Errorf("%w: session %x: proven ended by this replica's observer", errSessionEnded, int64(id))
+	}
+	left, granted, known, ended := b.o.leftOf(id, time.Now())
+	if ended || !known {
+		// Not known: the Lease's holder is no session identity this
+		// group's observer judges (sessionOf), which no begin writes.
+		return 0, 0, fmt.Errorf("%w: session %x: %s is no session of this group's", errSessionEnded, int64(id), name)
+	}
+	return left, granted, nil
 }
 
 // claimCost is what a name adds to a bucket's claims, roughly: its bytes

@@ -44,8 +44,12 @@ const childEnv = "HA_KUBE_TEST_CHILD"
 type childConfig struct {
 	Host, Token, CAFile string // the child's proxy, the replicas' token, the server's CA
 	Group, ID           string
-	Names               []string
-	Leader              bool // Options.Mode Leader, else Spread
+	// Tag starts the child's report lines, and names it to the test:
+	// ID unless set. Two runs of one ID (a restart) have tags of their
+	// own.
+	Tag    string
+	Names  []string
+	Leader bool // Options.Mode Leader, else Spread
 	// Fenced DoFuncs write the group's data Lease (dataLease) every
 	// 20ms through fencedWrite, ignoring their context, and report
 	// each outcome; they report no runs. Otherwise a DoFunc runs until
@@ -87,7 +91,7 @@ func childMain(raw string) {
 	var cc childConfig
 	var mu sync.Mutex // serializes say's writes
 	say := func(format string, args ...any) {
-		line := fmt.Sprintf(cc.ID+" "+format, args...)
+		line := fmt.Sprintf(cc.Tag+" "+format, args...)
 		line = strings.ReplaceAll(line[:min(len(line), 1000)], "\n", " ") + "\n"
 		mu.Lock()
 		defer mu.Unlock()
@@ -99,6 +103,9 @@ func childMain(raw string) {
 	}
 	if err := json.Unmarshal([]byte(raw), &cc); err != nil {
 		fail(err)
+	}
+	if cc.Tag == "" {
+		cc.Tag = cc.ID
 	}
 	acks := &childAcks{waiting: map[int]chan struct{}{}}
 	go acks.read(os.Stdin) // ends with the process
@@ -150,7 +157,7 @@ func childMain(raw string) {
 				say("claim %s %d", name, claim.Token)
 				for { // never looks at ctx: code that was frozen goes on where it stopped
 					time.Sleep(20 * time.Millisecond)
-					say("write %s", fencedWrite(leases, dataLease(cc.Group), cc.ID, claim))
+					say("write %s", fencedWrite(leases, dataLease(cc.Group), cc.Tag, claim))
 				}
 			}
 		}
@@ -352,10 +359,18 @@ func (p *procReplicas) handleRun(f []string) {
 // own.
 func (p *procReplicas) start(id string, leader, fenced bool) {
 	p.t.Helper()
-	k := &kid{id: id, proxy: newBlackHole(p.t, strings.TrimPrefix(p.c.api.url, "https://")), exited: make(chan struct{})}
+	p.startAs(id, id, leader, fenced)
+}
+
+// startAs starts child tag as replica id of the group, through a proxy
+// of its own: a tag of its own lets the test start a second run of an
+// ID (a restart) and tell its lines from the first's.
+func (p *procReplicas) startAs(tag, id string, leader, fenced bool) {
+	p.t.Helper()
+	k := &kid{id: tag, proxy: newBlackHole(p.t, strings.TrimPrefix(p.c.api.url, "https://")), exited: make(chan struct{})}
 	raw, err := json.Marshal(childConfig{
 		Host: "https://" + k.proxy.addr(), Token: p.c.api.replicaToken, CAFile: p.c.api.caFile,
-		Group: p.group, ID: id, Names: p.names, Leader: leader, Fenced: fenced,
+		Group: p.group, ID: id, Tag: tag, Names: p.names, Leader: leader, Fenced: fenced,
 	})
 	if err != nil {
 		p.t.Fatal(err)
@@ -372,7 +387,7 @@ func (p *procReplicas) start(id string, leader, fenced bool) {
 	if err := k.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}
-	p.kids[id] = k
+	p.kids[tag] = k
 	go func() { // joined by reap or the cleanup, through exited
 		_ = k.cmd.Wait()
 		close(k.exited)
@@ -429,23 +444,20 @@ func (p *procReplicas) expect(prefix string, limit time.Duration) string {
 	}
 }
 
-// A replica process killed with SIGKILL while it runs names never ends its
-// session: the others start its names once their observers count the
-// session ended, not before. Then one is partitioned by its proxy: its
-// fence stops its names before the last one starts them. No name runs
-// twice at once across the processes.
-func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
-	t.Parallel() // each in a group of its own; their waits overlap
-	var names []string
+// startThreeProcesses starts replicas a, b and c in processes of their
+// own on a group of 30 names, and waits until each name runs on one of
+// them; it returns the group, the names, and those c runs, of which it
+// fails the test if there are none.
+func startThreeProcesses(t *testing.T) (p *procReplicas, names, held []string) {
+	t.Helper()
 	for i := range 30 {
 		names = append(names, fmt.Sprintf("name-%03d", i))
 	}
-	p := newProcReplicas(t, names...)
+	p = newProcReplicas(t, names...)
 	for _, id := range []string{"a", "b", "c"} {
 		p.start(id, false, false)
 	}
 	took, where := p.runs.waitPlaced(t, names, "three processes placing", 60*time.Second, "a", "b", "c")
-	var held []string
 	for n, id := range where {
 		if id == "c" {
 			held = append(held, n)
@@ -455,6 +467,17 @@ func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
 	if len(held) == 0 {
 		t.Fatalf("c runs none of %d names (%v); want a share to kill it with", len(names), where)
 	}
+	return p, names, held
+}
+
+// A replica process killed with SIGKILL while it runs names never ends its
+// session: the others start its names once their observers count the
+// session ended, not before. Then one is partitioned by its proxy: its
+// fence stops its names before the last one starts them. No name runs
+// twice at once across the processes.
+func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
+	t.Parallel() // each in a group of its own; their waits overlap
+	p, names, held := startThreeProcesses(t)
 
 	p.kill("c")
 	killed := time.Now()
@@ -469,7 +492,7 @@ func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
 		t.Errorf("one of c's names started elsewhere %v after SIGKILL, before c's session of %v could have ended", since, replicaTTL)
 	}
 
-	_, where = p.runs.waitPlaced(t, names, "a and b", 10*time.Second, "a", "b")
+	_, where := p.runs.waitPlaced(t, names, "a and b", 10*time.Second, "a", "b")
 	held = held[:0]
 	for n, id := range where {
 		if id == "b" {
@@ -495,55 +518,85 @@ func TestReplicaProcessesOnKubernetesKilledAndPartitioned(t *testing.T) {
 // holder's.
 func TestPausedReplicaProcessOnKubernetesCannotWriteThroughItsOldClaim(t *testing.T) {
 	t.Parallel() // each in a group of its own; their waits overlap
-	p := newProcReplicas(t, "job")
-	leases := p.c.admin.CoordinationV1().Leases(replicaNamespace)
-	data := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: dataLease(p.group), Namespace: replicaNamespace}}
-	if _, err := leases.Create(t.Context(), data, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = leases.Delete(context.Background(), data.Name, metav1.DeleteOptions{}) })
-
-	p.start("a", true, true)
-	var aToken, bToken int64
-	if _, err := fmt.Sscanf(p.expect("a claim job", 60*time.Second), "a claim job %d", &aToken); err != nil {
-		t.Fatal(err)
-	}
-	p.expect("a write ok", 10*time.Second)
+	p, aToken := startFencedHolder(t)
 	p.start("b", true, true)
 	p.expect("b joined", 60*time.Second) // a member that waits: a is the oldest, the leader
 
 	p.signal("a", syscall.SIGSTOP)
 	stopped := time.Now()
-	if _, err := fmt.Sscanf(p.expect("b claim job", replicaTTL+20*time.Second), "b claim job %d", &bToken); err != nil {
-		t.Fatal(err)
-	}
+	bToken := p.claimOf("b", replicaTTL+20*time.Second)
 	took := time.Since(stopped)
 	p.expect("b write ok", 10*time.Second)
 	t.Logf("b took job over %v after a's SIGSTOP (D = %v); tokens a %d, b %d", took.Round(time.Millisecond), replicaTTL, aToken, bToken)
 	if took < replicaTTL-time.Second {
 		t.Errorf("b started job %v after a's SIGSTOP, before a's session of %v could have ended", took, replicaTTL)
 	}
-	if bToken <= aToken {
-		t.Errorf("b holds job with token %d after a's %d; want it to grow", bToken, aToken)
-	}
+	p.resumeRefused("b", aToken, bToken)
+}
 
+// startFencedHolder starts fenced replica a in Leader mode in a process
+// of its own, on a group of the one name "job" with its data Lease
+// (makeData), and waits until a claimed job and wrote; it returns the
+// group and a's token.
+func startFencedHolder(t *testing.T) (*procReplicas, int64) {
+	t.Helper()
+	p := newProcReplicas(t, "job")
+	p.makeData()
+	p.start("a", true, true)
+	token := p.claimOf("a", 60*time.Second)
+	p.expect("a write ok", 10*time.Second)
+	return p, token
+}
+
+// claimOf returns the token of child tag's claim of job, which it
+// reports within limit.
+func (p *procReplicas) claimOf(tag string, limit time.Duration) int64 {
+	p.t.Helper()
+	var token int64
+	if _, err := fmt.Sscanf(p.expect(tag+" claim job", limit), tag+" claim job %d", &token); err != nil {
+		p.t.Fatal(err)
+	}
+	return token
+}
+
+// makeData creates the group's data Lease (dataLease), which the fenced
+// DoFuncs write; the test's cleanup deletes it.
+func (p *procReplicas) makeData() {
+	p.t.Helper()
+	leases := p.c.admin.CoordinationV1().Leases(replicaNamespace)
+	data := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: dataLease(p.group), Namespace: replicaNamespace}}
+	if _, err := leases.Create(p.t.Context(), data, metav1.CreateOptions{}); err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(func() { _ = leases.Delete(context.Background(), data.Name, metav1.DeleteOptions{}) })
+}
+
+// resumeRefused checks that child tag took job from the frozen a with a
+// larger token (token, after a's old), resumes a, and checks that a's
+// next fenced write is refused and the group's data Lease shows no
+// other child's write after tag's first, job's mark tag's token.
+func (p *procReplicas) resumeRefused(tag string, old, token int64) {
+	p.t.Helper()
+	if token <= old {
+		p.t.Errorf("%s holds job with token %d after a's %d; want it to grow", tag, token, old)
+	}
 	p.signal("a", syscall.SIGCONT)
-	p.expect(fmt.Sprintf("a write refused %d %d", aToken, bToken), 10*time.Second)
-	l, err := leases.Get(t.Context(), data.Name, metav1.GetOptions{})
+	p.expect(fmt.Sprintf("a write refused %d %d", old, token), 10*time.Second)
+	l, err := p.c.admin.CoordinationV1().Leases(replicaNamespace).Get(p.t.Context(), dataLease(p.group), metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		p.t.Fatal(err)
 	}
 	writes := strings.Fields(l.Annotations[writesAnnotation])
-	bFirst := slices.IndexFunc(writes, func(w string) bool { return strings.HasPrefix(w, "b:") })
-	if bFirst < 0 {
-		t.Fatalf("the data Lease shows no write of b: %v", writes)
+	first := slices.IndexFunc(writes, func(w string) bool { return strings.HasPrefix(w, tag+":") })
+	if first < 0 {
+		p.t.Fatalf("the data Lease shows no write of %s: %v", tag, writes)
 	}
-	for _, w := range writes[bFirst:] {
-		if !strings.HasPrefix(w, "b:") {
-			t.Errorf("the data Lease shows %s after b's first write: %v", w, writes)
+	for _, w := range writes[first:] {
+		if !strings.HasPrefix(w, tag+":") {
+			p.t.Errorf("the data Lease shows %s after %s's first write: %v", w, tag, writes)
 		}
 	}
-	if got := l.Annotations[markAnnotation+"job"]; got != strconv.FormatInt(bToken, 10) {
-		t.Errorf("job's mark is %s, want b's token %d", got, bToken)
+	if got := l.Annotations[markAnnotation+"job"]; got != strconv.FormatInt(token, 10) {
+		p.t.Errorf("job's mark is %s, want %s's token %d", got, tag, token)
 	}
 }
