@@ -1,4 +1,4 @@
-// The benchmarks behind the README's Performance figures.
+// The benchmarks behind the figures of docs/performance.md.
 
 package controller
 

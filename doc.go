@@ -3,7 +3,7 @@
 // as Cilium's do, exponentially or by a constant), re-run on an interval,
 // and can be updated, triggered and removed while they run. It has the
 // API of Cilium's pkg/controller without Cilium, and without the bugs
-// listed in the README.
+// listed in docs/coming-from.md.
 //
 // # When to use it
 //
@@ -271,8 +271,8 @@
 // github.com/bgctl/controller/controllertest.Runs as its HealthReporter: it
 // never blocks the controller, as a reporter sending on an unbuffered
 // channel would. [WithJitterSource] makes jittered waits the same on every
-// run, and [FakeManager] serves code that only reads statuses. The
-// README's "Testing your controllers" shows each of these as a test.
+// run, and [FakeManager] serves code that only reads statuses.
+// docs/testing.md shows each of these as a test.
 //
 // # Goroutines
 //

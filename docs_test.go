@@ -1,5 +1,6 @@
-// Checks of the repository's prose: rules stated once and linked to, and
-// the README's performance figures in one table that names its sources.
+// Checks of the repository's prose: rules stated once and linked to, the
+// core's performance figures in one table that names its sources, and
+// links between the README and the guides that lead somewhere.
 
 package controller
 
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // The retry formula is stated once, as rule 4 in doc.go; every other
@@ -50,19 +52,20 @@ func TestRetryFormulaIsStatedOnce(t *testing.T) {
 	}
 }
 
-// The README's Performance section is one table of current figures: it
-// names the machine (lscpu's model) and the commands that produced it, and
-// every benchmark or test a row names exists, so that a renamed one is
-// not left quoted with an old figure.
-func TestReadmePerformanceIsOneTable(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+// The section of docs/performance.md that holds a controller's costs is one
+// table of current figures: it names the machine (lscpu's model) and the
+// commands that produced it, and every benchmark or test a row names
+// exists, so that a renamed one is not left quoted with an old figure.
+func TestDocsPerformanceIsOneTable(t *testing.T) {
+	const file, heading = "docs/performance.md", "## A controller's costs"
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	section := string(b)
-	start := strings.Index(section, "\n## Performance\n")
+	start := strings.Index(section, "\n"+heading+"\n")
 	if start < 0 {
-		t.Fatal(`README.md has no "## Performance" section`)
+		t.Fatalf("%s has no %q section", file, heading)
 	}
 	section = section[start+1:]
 	if end := strings.Index(section[1:], "\n## "); end >= 0 {
@@ -95,4 +98,124 @@ func TestReadmePerformanceIsOneTable(t *testing.T) {
 			t.Errorf("the Performance section quotes %s, which no test file declares", m[1])
 		}
 	}
+}
+
+// pendingGuides are guides the README and docs/ link to before they land,
+// each with who writes it; a guide that exists must leave this list.
+var pendingGuides = map[string]string{
+	"docs/testing-replicas.md": "Testing your replicated service, with the in-memory replica simulator (issue 34, item 1)",
+}
+
+// Every relative link of the README, of the guides in docs/ and of the
+// repository's other Markdown leads to a file that exists, and its
+// #anchor, if any, to a heading of that file (as GitHub makes anchors),
+// so that a section that moves or is renamed takes its links with it.
+func TestDocsLinksResolve(t *testing.T) {
+	var files []string
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata"):
+			return filepath.SkipDir
+		case !d.IsDir() && strings.HasSuffix(path, ".md"):
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	anchors := map[string]map[string]bool{} // by file: its headings' anchors
+	anchorsOf := func(file string) (map[string]bool, error) {
+		if a, ok := anchors[file]; ok {
+			return a, nil
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, err
+		}
+		a := map[string]bool{}
+		for _, line := range proseLines(string(b)) {
+			if h, ok := strings.CutPrefix(line, "#"); ok {
+				a[headingAnchor(strings.TrimLeft(h, "#"))] = true
+			}
+		}
+		anchors[file] = a
+		return a, nil
+	}
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range proseLines(string(b)) {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				path, anchor, _ := strings.Cut(target, "#")
+				dest := file
+				if path != "" {
+					dest = filepath.Join(filepath.Dir(file), path)
+				}
+				if _, pending := pendingGuides[filepath.ToSlash(dest)]; pending {
+					continue
+				}
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s: link %s: %v", file, target, err)
+					continue
+				}
+				if anchor == "" {
+					continue
+				}
+				a, err := anchorsOf(dest)
+				if err != nil {
+					t.Errorf("%s: link %s: %v", file, target, err)
+				} else if !a[anchor] {
+					t.Errorf("%s: link %s: %s has no heading with the anchor #%s", file, target, dest, anchor)
+				}
+			}
+		}
+	}
+	for guide, what := range pendingGuides {
+		if _, err := os.Stat(guide); err == nil {
+			t.Errorf("%s (%s) exists: remove it from pendingGuides, so that its links are checked", guide, what)
+		}
+	}
+}
+
+// proseLines returns the lines of a Markdown text outside its fenced code
+// blocks.
+func proseLines(md string) []string {
+	var out []string
+	fenced := false
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+			continue
+		}
+		if !fenced {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// headingAnchor is the anchor GitHub gives a heading: lower case, spaces
+// as hyphens, and every character but letters, digits, hyphens and
+// underscores dropped.
+func headingAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

@@ -1,5 +1,5 @@
-// TestReadmeGoSnippets: every Go snippet of README.md, built and run as
-// written.
+// TestReadmeGoSnippets: every Go snippet of README.md and of the guides in
+// docs/, built and run as written.
 
 package controller
 
@@ -18,15 +18,22 @@ import (
 	"time"
 )
 
-// readmeSnippet is one ```go block of README.md.
+// readmeSnippet is one ```go block of README.md or of a guide in docs/.
 type readmeSnippet struct {
+	file string // README.md, docs/testing.md, …
 	line int    // of its opening fence
 	code string // as written
 }
 
-// dir is the package directory the snippet is built in: its line in the
-// README names it, so that the go command's messages point there.
-func (s readmeSnippet) dir() string { return fmt.Sprintf("readme_line_%d", s.line) }
+// dir is the package directory the snippet is built in: its file and line
+// name it (docs_testing_md_line_42), so that the go command's messages
+// point there.
+func (s readmeSnippet) dir() string {
+	return fmt.Sprintf("%s_line_%d", regexp.MustCompile(`[^A-Za-z0-9]`).ReplaceAllString(s.file, "_"), s.line)
+}
+
+// where is file:line, for messages.
+func (s readmeSnippet) where() string { return fmt.Sprintf("%s:%d", s.file, s.line) }
 
 func (s readmeSnippet) isMain() bool {
 	return regexp.MustCompile(`(?m)^package main$`).MatchString(s.code)
@@ -42,55 +49,71 @@ func (s readmeSnippet) usesKube() bool {
 	return strings.Contains(s.code, `"github.com/bgctl/controller/ha/kube"`)
 }
 
-// readmeSnippets returns the Go snippets of README.md.
-func readmeSnippets(t *testing.T) []readmeSnippet {
+// docFiles returns README.md and every guide in docs/, the files whose Go
+// snippets are built and run.
+func docFiles(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	guides, err := filepath.Glob(filepath.Join("docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return append([]string{"README.md"}, guides...)
+}
+
+// readmeSnippets returns the Go snippets of README.md and of docs/*.md.
+func readmeSnippets(t *testing.T) []readmeSnippet {
+	t.Helper()
 	var out []readmeSnippet
-	var cur *readmeSnippet
-	for i, line := range strings.Split(string(b), "\n") {
-		switch {
-		case cur == nil && line == "```go":
-			cur = &readmeSnippet{line: i + 1}
-		case cur != nil && line == "```":
-			out = append(out, *cur)
-			cur = nil
-		case cur != nil:
-			cur.code += line + "\n"
+	for _, file := range docFiles(t) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if cur != nil {
-		t.Fatalf("README.md:%d: a Go snippet is not closed", cur.line)
+		file = filepath.ToSlash(file)
+		var cur *readmeSnippet
+		for i, line := range strings.Split(string(b), "\n") {
+			switch {
+			case cur == nil && line == "```go":
+				cur = &readmeSnippet{file: file, line: i + 1}
+			case cur != nil && line == "```":
+				out = append(out, *cur)
+				cur = nil
+			case cur != nil:
+				cur.code += line + "\n"
+			}
+		}
+		if cur != nil {
+			t.Fatalf("%s: a Go snippet is not closed", cur.where())
+		}
 	}
 	return out
 }
 
-// Every Go snippet of the README is a whole file that builds and runs as
-// written: one with package main is a program that must exit with status
-// 0 on its own, any other is a test file whose tests must pass. Each is
-// built in a module of its own that requires this one (replaced by this
-// checkout), so a snippet can be copied into a user's project as it is.
+// Every Go snippet of the README and of the guides in docs/ is a whole
+// file that builds and runs as written: one with package main is a
+// program that must exit with status 0 on its own, any other is a test
+// file whose tests must pass. Each is built in a module of its own that
+// requires this one (replaced by this checkout), so a snippet can be
+// copied into a user's project as it is.
 //
 // A snippet that uses the ha module is vetted and built here with ha and
 // its store on etcd (ha/etcd), not run: it needs an etcd. ha/etcd's
 // TestReadmeReplicaProgramsRun runs those programs against the tests'
-// etcd, and .ci/release-simulation the one of "Running several replicas",
-// after a go get of ha/etcd from a simulated release.
+// etcd, and .ci/release-simulation the one of docs/replicas-etcd.md's
+// "Every replica runs one program", after a go get of ha/etcd from a
+// simulated release.
 // A snippet of the Kubernetes store (ha/kube) is vetted and built by that
 // module's tests instead, with its dependencies.
 func TestReadmeGoSnippets(t *testing.T) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
-		t.Fatalf("the go command is needed to build the README's snippets: %v", err)
+		t.Fatalf("the go command is needed to build the snippets of README.md and docs/: %v", err)
 	}
 	var core, replicas []readmeSnippet
 	for _, s := range readmeSnippets(t) {
 		switch {
 		case !regexp.MustCompile(`(?m)^package \w+$`).MatchString(s.code):
-			t.Errorf("README.md:%d: a Go snippet must be a whole file, from its package clause on, so that it runs as written:\n%s", s.line, s.code)
+			t.Errorf("%s: a Go snippet must be a whole file, from its package clause on, so that it runs as written:\n%s", s.where(), s.code)
 		case s.usesKube():
 			// built in ha/kube
 		case s.usesReplicas():
@@ -100,7 +123,7 @@ func TestReadmeGoSnippets(t *testing.T) {
 		}
 	}
 	if len(core) == 0 {
-		t.Fatal("README.md has no Go snippet of the core module")
+		t.Fatal("README.md and docs/ have no Go snippet of the core module")
 	}
 	root, err := filepath.Abs(".")
 	if err != nil {
@@ -182,7 +205,7 @@ func buildAndRun(t *testing.T, goCmd, dir string, snippets []readmeSnippet, env 
 		cmd := exec.Command(goCmd, args...)
 		cmd.Dir, cmd.Env = dir, goEnv
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s, in a module holding README.md's snippets (each in readme_line_<line of README.md>): %v\n%s",
+			t.Fatalf("go %s, in a module holding the snippets of README.md and docs/ (each in <file>_line_<line of its fence>): %v\n%s",
 				strings.Join(args, " "), err, out)
 		}
 	}
@@ -213,7 +236,7 @@ func buildAndRun(t *testing.T, goCmd, dir string, snippets []readmeSnippet, env 
 		out, err := cmd.CombinedOutput()
 		cancel()
 		if err != nil {
-			t.Errorf("README.md:%d: the program did not exit with status 0 within a minute: %v\n%s", s.line, err, out)
+			t.Errorf("%s: the program did not exit with status 0 within a minute: %v\n%s", s.where(), err, out)
 		}
 	}
 }

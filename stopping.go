@@ -67,7 +67,7 @@ func (m *Manager) watchStoppingLocked() {
 // stopping (a removal may have come since the count reached 0): a pending
 // timer, even a minute away, makes goroutine wake-ups in the whole
 // process slower (BenchmarkTrigger's p50: 270 ns with one, 240 ns
-// without, on the machine of the README's note).
+// without, on the machine of docs/performance.md).
 func (m *Manager) unwatchIfIdleLocked() {
 	if m.watchArmed && m.stoppingN.Load() == 0 {
 		m.watch.Stop()

@@ -1,4 +1,5 @@
-// The benchmark behind the README's figures for the cost of tracing a run.
+// The benchmark behind the figures of docs/operating.md and
+// docs/performance.md for the cost of tracing a run.
 
 package otel_test
 

@@ -1,6 +1,6 @@
 // Command releasesim is the Go half of .ci/release-simulation: it writes
-// modules into a file-based GOPROXY, and runs a program built from the
-// README against an etcd, checking what the etcd holds.
+// modules into a file-based GOPROXY, and runs a program built from
+// docs/replicas-etcd.md against an etcd, checking what the etcd holds.
 //
 //	releasesim add -proxy DIR -version V [-query Q] [-time T] MODDIR...
 //	releasesim run -etcd ADDR -prefix P -key K PROGRAM

@@ -274,10 +274,10 @@ func TestConcurrentStartMovesNothing(t *testing.T) {
 	}
 }
 
-var startNames = flag.Int("ha.start", 0, "run TestConcurrentStartMeasurement with this many names (the README's figures: 1000)")
+var startNames = flag.Int("ha.start", 0, "run TestConcurrentStartMeasurement with this many names (docs/replicas.md's figures: 1000)")
 
 // TestConcurrentStartMeasurement reports how many names move after a
-// start together, for the README: joining before or after registering,
+// start together, for docs/replicas.md: joining before or after registering,
 // without settling and with the default.
 func TestConcurrentStartMeasurement(t *testing.T) {
 	if *startNames == 0 {

@@ -35,9 +35,11 @@ var (
 )
 
 // currentEtcd is the etcd release the tests run against by default: the
-// latest release of the current line. CI also runs them against the oldest
-// supported release (supportedServers in version.go).
-const currentEtcd = "v3.7.3"
+// latest release of the current line, pinned in ha/internal/gobuild for
+// ha/kube's tests too (./test builds it before the tests start). CI also
+// runs them against the oldest supported release (supportedServers in
+// version.go).
+const currentEtcd = gobuild.CurrentEtcd
 
 var etcdRelease = flag.String("ha.etcd", "", "the etcd release to test against, e.g. v3.5.23; built from the Go module proxy into the user cache directory once (default: $"+etcdReleaseEnv+", else "+currentEtcd+")")
 

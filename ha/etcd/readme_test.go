@@ -1,6 +1,6 @@
-// The README's replica programs outside "Running several replicas" (whose
-// program .ci/release-simulation runs), built and run against the tests'
-// etcd as written.
+// The replica programs of README.md and of the guides in docs/, but for the
+// one .ci/release-simulation runs, built and run against the tests' etcd
+// as written.
 
 package etcd
 
@@ -22,36 +22,61 @@ import (
 	"time"
 )
 
-// readmeReplicaPrograms returns the ```go blocks of the README that import
-// ha and are programs, but for the one of the section the release
-// simulation runs, by the line of their opening fence.
-func readmeReplicaPrograms(t *testing.T, readme string) map[int]string {
+// The program .ci/release-simulation builds after a go get of ha/etcd and
+// runs with -etcd: the one Go block of this section of this guide.
+const (
+	releaseProgramFile    = "docs/replicas-etcd.md"
+	releaseProgramSection = "## Every replica runs one program"
+)
+
+// readmeReplicaPrograms returns the ```go blocks of README.md and
+// docs/*.md under root that import ha and are programs, but for the one the
+// release simulation runs, by file:line of their opening fence.
+func readmeReplicaPrograms(t *testing.T, root string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(readme)
+	guides, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	progs := map[int]string{}
-	section, start := "", 0
-	var code strings.Builder
-	for i, line := range strings.Split(string(b), "\n") {
-		switch {
-		case start == 0 && strings.HasPrefix(line, "## "):
-			section = line
-		case start == 0 && line == "```go":
-			start = i + 1
-			code.Reset()
-		case start != 0 && line == "```":
-			src := code.String()
-			if section != "## Running several replicas" && strings.Contains(src, `"github.com/bgctl/controller/ha"`) && strings.Contains(src, "\npackage main\n") {
-				progs[start] = src
+	progs := map[string]string{}
+	for _, path := range append([]string{filepath.Join(root, "README.md")}, guides...) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file, err := filepath.Rel(root, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file = filepath.ToSlash(file)
+		section, start := "", 0
+		var code strings.Builder
+		for i, line := range strings.Split(string(b), "\n") {
+			switch {
+			case start == 0 && strings.HasPrefix(line, "## "):
+				section = line
+			case start == 0 && line == "```go":
+				start = i + 1
+				code.Reset()
+			case start != 0 && line == "```":
+				src := code.String()
+				released := file == releaseProgramFile && section == releaseProgramSection
+				if !released && strings.Contains(src, `"github.com/bgctl/controller/ha"`) && strings.Contains(src, "\npackage main\n") {
+					progs[fmt.Sprintf("%s:%d", file, start)] = src
+				}
+				start = 0
+			case start != 0:
+				code.WriteString(line + "\n")
 			}
-			start = 0
-		case start != 0:
-			code.WriteString(line + "\n")
 		}
 	}
 	return progs
+}
+
+// programDir is the package directory of the program at where (file:line),
+// named after it.
+func programDir(where string) string {
+	return regexp.MustCompile(`[^A-Za-z0-9]`).ReplaceAllString(where, "_")
 }
 
 // Each program is built in a module of its own that requires the core and
@@ -66,9 +91,9 @@ func TestReadmeReplicaProgramsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	progs := readmeReplicaPrograms(t, filepath.Join(root, "README.md"))
+	progs := readmeReplicaPrograms(t, root)
 	if len(progs) == 0 {
-		t.Fatal("README.md has no replica program outside Running several replicas")
+		t.Fatalf("README.md and docs/ have no replica program but the one of %s's %q", releaseProgramFile, releaseProgramSection)
 	}
 	dir := t.TempDir()
 	mod := fmt.Sprintf("module readme.example\n\ngo 1.26.0\n\nrequire (\n\tgithub.com/bgctl/controller v0.0.0\n\tgithub.com/bgctl/controller/ha v0.0.0\n\tgithub.com/bgctl/controller/ha/etcd v0.0.0\n)\n\nreplace github.com/bgctl/controller => %s\n\nreplace github.com/bgctl/controller/ha => %s\n\nreplace github.com/bgctl/controller/ha/etcd => %s\n", root, filepath.Join(root, "ha"), filepath.Join(root, "ha", "etcd"))
@@ -90,8 +115,8 @@ func TestReadmeReplicaProgramsRun(t *testing.T) {
 	}
 	write(filepath.Join(dir, "go.mod"), mod)
 	write(filepath.Join(dir, "go.sum"), sum.String())
-	for line, src := range progs {
-		write(filepath.Join(dir, fmt.Sprintf("readme_line_%d", line), "main.go"), src)
+	for where, src := range progs {
+		write(filepath.Join(dir, programDir(where), "main.go"), src)
 	}
 	gocmd := func(args ...string) {
 		t.Helper()
@@ -99,15 +124,15 @@ func TestReadmeReplicaProgramsRun(t *testing.T) {
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s, in a module holding README.md's replica programs (each in readme_line_<line>): %v\n%s", strings.Join(args, " "), err, out)
+			t.Fatalf("go %s, in a module holding the replica programs of README.md and docs/ (each in <file>_<line>): %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 	gocmd("mod", "tidy")
 	gocmd("vet", "./...")
 	servesMetrics := 0
-	for line, src := range progs {
-		bin := filepath.Join(dir, "bin", fmt.Sprint(line))
-		gocmd("build", "-o", bin, fmt.Sprintf("./readme_line_%d", line))
+	for where, src := range progs {
+		bin := filepath.Join(dir, "bin", programDir(where))
+		gocmd("build", "-o", bin, "./"+programDir(where))
 		var env []string
 		var whilePrinted func() error
 		if strings.Contains(src, `"GET /metrics"`) {
@@ -116,10 +141,10 @@ func TestReadmeReplicaProgramsRun(t *testing.T) {
 			env = []string{"LISTEN_ADDR=" + addr}
 			whilePrinted = func() error { return replicaMetricsServed(addr) }
 		}
-		runUntilItPrints(t, line, bin, env, whilePrinted)
+		runUntilItPrints(t, where, bin, env, whilePrinted)
 	}
 	if servesMetrics == 0 {
-		t.Error("no README.md replica program outside Running several replicas serves /metrics: the replica metrics are shown registered nowhere")
+		t.Error("no replica program of README.md or docs/ (but the release simulation's) serves /metrics: the replica metrics are shown registered nowhere")
 	}
 }
 
@@ -170,7 +195,7 @@ func replicaMetricsServed(addr string) error {
 // it prints a line, then calls whilePrinted (when not nil; an error fails
 // the test), interrupts it, and fails the test unless it exits with
 // status 0 within 30 s.
-func runUntilItPrints(t *testing.T, line int, bin string, env []string, whilePrinted func() error) {
+func runUntilItPrints(t *testing.T, where string, bin string, env []string, whilePrinted func() error) {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.Env = append(append(os.Environ(), "ETCD_ENDPOINT="+testEtcd), env...)
@@ -194,16 +219,16 @@ func runUntilItPrints(t *testing.T, line int, bin string, env []string, whilePri
 	exited := make(chan error, 1)
 	select {
 	case out := <-printed:
-		t.Logf("README.md:%d printed %q", line, out)
+		t.Logf("%s printed %q", where, out)
 		if whilePrinted != nil {
 			if err := whilePrinted(); err != nil {
-				t.Errorf("README.md:%d: %v", line, err)
+				t.Errorf("%s: %v", where, err)
 			}
 		}
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		t.Fatalf("README.md:%d: the program printed nothing within 30s:\n%s", line, stderr.String())
+		t.Fatalf("%s: the program printed nothing within 30s:\n%s", where, stderr.String())
 	}
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
@@ -214,11 +239,11 @@ func runUntilItPrints(t *testing.T, line int, bin string, env []string, whilePri
 	select {
 	case err := <-exited:
 		if err != nil {
-			t.Errorf("README.md:%d: after SIGINT the program exited with %v:\n%s", line, err, stderr.String())
+			t.Errorf("%s: after SIGINT the program exited with %v:\n%s", where, err, stderr.String())
 		}
 	case <-ctx.Done():
 		_ = cmd.Process.Kill()
 		<-exited
-		t.Errorf("README.md:%d: the program did not exit within 30s of SIGINT:\n%s", line, stderr.String())
+		t.Errorf("%s: the program did not exit within 30s of SIGINT:\n%s", where, stderr.String())
 	}
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/bgctl/controller/ha/internal/probe"
 )
 
-var scaleNames = flag.Int("ha.scale", 0, "run TestScaleMeasurement with this many names (the README's figures: 100000; CI: 10000)")
+var scaleNames = flag.Int("ha.scale", 0, "run TestScaleMeasurement with this many names (docs/replicas-etcd.md's figures: 100000; CI: 10000)")
 
 // TestScaleMeasurement measures, for -ha.scale names: what a name costs a
 // replica (registered, and running), and the goroutines it holds while it

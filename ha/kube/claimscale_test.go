@@ -24,7 +24,7 @@ import (
 )
 
 var (
-	claimScale = flag.Int("kube.claimscale", 0, "run TestClaimScaleMeasurement with this many names (the README measures 100000)")
+	claimScale = flag.Int("kube.claimscale", 0, "run TestClaimScaleMeasurement with this many names (its measurement: 100000)")
 	claimQPS   = flag.Float64("kube.claimscale.qps", 50, "with -kube.claimscale: each replica's client rate limit for claim writes (burst: twice that)")
 	claimD     = flag.Duration("kube.claimscale.d", 10*time.Second, "with -kube.claimscale: the lease duration D")
 )

@@ -27,7 +27,7 @@ import (
 )
 
 var (
-	replicaScale    = flag.Int("kube.replicascale", 0, "run TestReplicaScaleMeasurement with this many names (the README measures 1000 and 100000)")
+	replicaScale    = flag.Int("kube.replicascale", 0, "run TestReplicaScaleMeasurement with this many names (docs/replicas-kube.md measures 1000 and 100000)")
 	replicaScaleQPS = flag.Float64("kube.replicascale.qps", 50, "with -kube.replicascale: each replica's client rate limit for claims and reads (burst: twice that)")
 	replicaScaleD   = flag.Duration("kube.replicascale.d", 10*time.Second, "with -kube.replicascale: the replicas' TTL, the lease duration D")
 )

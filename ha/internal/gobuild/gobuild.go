@@ -51,8 +51,11 @@ func Cached(name, release string, releaseOf func(bin string) (string, error), bu
 	fmt.Fprintf(os.Stderr, "tests: building %s %s from the Go module proxy into %s (once)\n", name, release, bin)
 	start := time.Now()
 	// Generous: a cold build of kube-apiserver takes about five minutes
-	// on two cores (half an hour under load). The tests build before
-	// their -timeout starts counting.
+	// on two cores (half an hour under load). The tests build in TestMain,
+	// before m.Run starts their -timeout alarm, but go test kills a test
+	// binary still running at -timeout + 1 minute from its start, the
+	// build included: ./test builds first, outside go test
+	// (ha/internal/testservers).
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	built := filepath.Join(tmp, name)
@@ -129,6 +132,11 @@ func lockFile(path string) (unlock func(), err error) {
 	}
 	return func() { f.Close() }, nil // closing the file drops the lock
 }
+
+// CurrentEtcd is the etcd release the tests of ha/etcd and the
+// kube-apiserver of ha/kube's run on by default: the latest release of the
+// current line, one pin for both, so they share one build.
+const CurrentEtcd = "v3.7.3"
 
 // Etcd returns the cached etcd of release ("v3.7.3"), built first
 // if need be.

@@ -1,128 +1,36 @@
 // The kube-apiserver: a pinned Kubernetes release built from the Go
-// module proxy (k8s.io/kubernetes, with its staging modules at their
-// published versions), cached per release, and started with RBAC and
-// static tokens for an administrator and for the replicas.
+// module proxy by ha/internal/gobuild, cached per release, and started
+// with RBAC and static tokens for an administrator and for the replicas.
 
 package kubetest
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/bgctl/controller/ha/internal/gobuild"
 )
 
 // CurrentKube is the Kubernetes release whose kube-apiserver runs by
-// default.
-const CurrentKube = "v1.36.3"
-
-var kubeReleasePattern = regexp.MustCompile(`^v1\.([0-9]+)\.[0-9]+$`)
+// default (pinned in ha/internal/gobuild, which builds it).
+const CurrentKube = gobuild.CurrentKube
 
 // CheckRelease tells why release is no Kubernetes release the build can
-// make, or returns nil: the build maps v1.N.P to the staging modules'
-// v0.N.P, so only a v1 release will do.
-func CheckRelease(release string) error {
-	if !kubeReleasePattern.MatchString(release) {
-		return fmt.Errorf("%q: want a Kubernetes release such as %s", release, CurrentKube)
-	}
-	return nil
-}
+// make, or returns nil.
+func CheckRelease(release string) error { return gobuild.CheckKubeRelease(release) }
 
 // APIServerBinary returns the cached kube-apiserver of release
 // ("v1.36.3"), built first if need be: minutes the first time.
-func APIServerBinary(release string) (string, error) {
-	if err := CheckRelease(release); err != nil {
-		return "", err
-	}
-	return gobuild.Cached("kube-apiserver", release, apiServerRelease, func(ctx context.Context, tmp, out string) error {
-		return buildAPIServer(ctx, release, tmp, out)
-	})
-}
-
-// apiServerRelease returns the release the kube-apiserver at bin reports,
-// "v1.36.3".
-func apiServerRelease(bin string) (string, error) {
-	return gobuild.VersionLine(bin, "Kubernetes ")
-}
-
-// stagingReplace matches the lines of k8s.io/kubernetes's go.mod that point
-// a module at its staging directory: inside the repository the staging
-// modules are built from there, and a build of k8s.io/kubernetes as a
-// dependency must replace each with its published version instead.
-var stagingReplace = regexp.MustCompile(`(?m)^\s*(?:replace\s+)?(\S+)\s+=>\s+\./staging/`)
-
-// buildAPIServer builds kube-apiserver release into out, in a module of
-// its own in tmp. The version is stamped the way Kubernetes' own release
-// builds stamp it, so that --version and /version report release.
-func buildAPIServer(ctx context.Context, release, tmp, out string) error {
-	if _, err := gobuild.GoIn(ctx, tmp, "mod", "init", "kube-apiserver-for-ha-kube-tests"); err != nil {
-		return err
-	}
-	info, err := gobuild.GoIn(ctx, tmp, "mod", "download", "-json", "k8s.io/kubernetes@"+release)
-	if err != nil {
-		return err
-	}
-	var dl struct{ GoMod, Error string }
-	if err := json.Unmarshal(info, &dl); err != nil {
-		return fmt.Errorf("go mod download -json: %w", err)
-	}
-	if dl.Error != "" {
-		return errors.New(dl.Error)
-	}
-	kubeMod, err := os.ReadFile(dl.GoMod)
-	if err != nil {
-		return err
-	}
-	m := kubeReleasePattern.FindStringSubmatch(release)
-	minor := m[1]
-	stagingVersion := "v0." + strings.TrimPrefix(release, "v1.")
-	edit := []string{"mod", "edit", "-require=k8s.io/kubernetes@" + release}
-	for _, sm := range stagingReplace.FindAllStringSubmatch(string(kubeMod), -1) {
-		edit = append(edit, "-replace="+sm[1]+"="+sm[1]+"@"+stagingVersion)
-	}
-	if len(edit) == 3 {
-		return fmt.Errorf("k8s.io/kubernetes@%s's go.mod points no module at ./staging", release)
-	}
-	if _, err := gobuild.GoIn(ctx, tmp, edit...); err != nil {
-		return err
-	}
-	const main = `package main
-
-import (
-	"os"
-
-	"k8s.io/component-base/cli"
-	"k8s.io/kubernetes/cmd/kube-apiserver/app"
-)
-
-func main() {
-	os.Exit(cli.Run(app.NewAPIServerCommand()))
-}
-`
-	if err := os.WriteFile(filepath.Join(tmp, "main.go"), []byte(main), 0o644); err != nil {
-		return err
-	}
-	if _, err := gobuild.GoIn(ctx, tmp, "mod", "tidy"); err != nil {
-		return err
-	}
-	const v = "k8s.io/component-base/version."
-	ldflags := "-X " + v + "gitVersion=" + release + " -X " + v + "gitMajor=1 -X " + v + "gitMinor=" + minor + " -X " + v + "gitTreeState=clean"
-	_, err = gobuild.GoIn(ctx, tmp, "build", "-trimpath", "-ldflags", ldflags, "-o", out, ".")
-	return err
-}
+func APIServerBinary(release string) (string, error) { return gobuild.KubeAPIServer(release) }
 
 // APIServer is a running kube-apiserver. Its fields are set by
 // StartAPIServer and never change.

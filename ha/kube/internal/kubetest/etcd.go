@@ -15,8 +15,8 @@ import (
 )
 
 // CurrentEtcd is the etcd release the kube-apiserver stores into by
-// default.
-const CurrentEtcd = "v3.7.3"
+// default (pinned in ha/internal/gobuild, for ha/etcd's tests too).
+const CurrentEtcd = gobuild.CurrentEtcd
 
 // EtcdBinary returns the cached etcd of release ("v3.7.3"), built first
 // if need be.
