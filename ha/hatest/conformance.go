@@ -62,6 +62,8 @@ type Case struct {
 func Cases() []Case { return slices.Clone(cases) }
 
 var cases = []Case{
+	{"RacingClaimersEachWinANameOnce", conformRacingClaims},
+	{"ClaimWithinTheDeclaredLimitsIsTaken", conformClaimLimits},
 	{"BeginRenewEnd", conformBeginRenewEnd},
 	{"DuplicateIDRefusedWhileLive", conformDuplicateID},
 	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},

@@ -1,0 +1,199 @@
+// The cases of the property everything else rests on: replicas that claim
+// the same names at once each win a name once, and a claim within the
+// limits a store declares is taken.
+
+package hatest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/bgctl/controller/ha"
+)
+
+// racers is how many replicas race for the same names in
+// conformRacingClaims, and raceNames how many names they race for.
+const (
+	racers    = 4
+	raceNames = 40
+)
+
+// Replicas that claim the same names at the same moment each win a name
+// once: every name ends up held by exactly one session, the one whose
+// claim answered it Mine; every other claimer is answered that it is
+// held, by that holder when the store says whom (or that it was free,
+// and finds it held when it claims again); and a listing shows each name
+// once, under the winner's session. The claimers ask for the names in
+// orders of their own, so that on a store of several records their writes
+// interleave record by record.
+func conformRacingClaims(t *testing.T, st Group) {
+	ctx := context.Background()
+	type claimer struct {
+		id  string
+		b   ha.Backend
+		s   ha.Session
+		got map[string]ha.Claimed // the outcome of each name, by name; written by the claimer's goroutine alone until wg.Wait
+		err error
+	}
+	cs := make([]*claimer, racers)
+	for i := range cs {
+		id := fmt.Sprintf("r%d", i)
+		b, s := beginAs(t, st, id)
+		defer func() { _ = b.End(ctx, s.ID) }()
+		cs[i] = &claimer{id: id, b: b, s: s, got: map[string]ha.Claimed{}}
+	}
+	names := make([]string, raceNames)
+	for i := range names {
+		names[i] = fmt.Sprintf("race-%02d", i)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		// Claimer i asks from name i·raceNames/racers on, wrapping round.
+		order := append(append([]string(nil), names[i*raceNames/racers:]...), names[:i*raceNames/racers]...)
+		wg.Go(func() {
+			<-start
+			pending := order
+			for round := 0; len(pending) > 0; round++ {
+				if round == 10 {
+					c.err = fmt.Errorf("%d names still answered free after %d claims: %v", len(pending), round, pending)
+					return
+				}
+				rctx, cancel := c.b.Request(ctx)
+				got, absent, err := c.b.Claim(rctx, c.s.ID, pending)
+				cancel()
+				if err != nil {
+					c.err = err
+					return
+				}
+				for _, g := range got {
+					c.got[g.Name] = g
+				}
+				pending = absent
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for _, c := range cs {
+		if c.err != nil {
+			t.Fatalf("the claim of %s: %v", c.id, c.err)
+		}
+	}
+	winner := map[string]*claimer{}
+	for _, n := range names {
+		for _, c := range cs {
+			g, ok := c.got[n]
+			switch {
+			case !ok:
+				t.Errorf("%s's claim answered nothing of %s", c.id, n)
+			case g.Mine && winner[n] != nil:
+				t.Errorf("%s is held by both %s and %s", n, winner[n].id, c.id)
+			case g.Mine:
+				winner[n] = c
+			}
+		}
+		if winner[n] == nil {
+			t.Errorf("%s is held by none of the %d claimers", n, racers)
+		}
+	}
+	for _, n := range names {
+		w := winner[n]
+		for _, c := range cs {
+			if g := c.got[n]; w != nil && !g.Mine && g.Holder != "" && (g.Holder != w.id || g.Session != w.s.ID) {
+				t.Errorf("%s's claim of %s answered it held by %s (session %d); it is %s's (session %d)", c.id, n, g.Holder, g.Session, w.id, w.s.ID)
+			}
+		}
+	}
+	records, _, err := cs[0].b.List(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	listed := map[string]int{}
+	for _, r := range records {
+		if r.Kind != ha.ClaimPut {
+			continue
+		}
+		listed[r.Name]++
+		if w := winner[r.Name]; w != nil && (r.Member != w.id || r.Session != w.s.ID) {
+			t.Errorf("the listing has %s held by %s (session %d); its claim answered %s (session %d)", r.Name, r.Member, r.Session, w.id, w.s.ID)
+		}
+	}
+	for _, n := range names {
+		if listed[n] != 1 {
+			t.Errorf("the listing has %d holdings of %s, want 1", listed[n], n)
+		}
+	}
+}
+
+// limitProbe caps the names conformClaimLimits claims at once: a store
+// may declare tens of thousands.
+const limitProbe = 1000
+
+// A claim of as many names as the backend declares it takes in one call
+// (ClaimLimits: a count, and bytes by ClaimCost), up to limitProbe, is
+// taken whole: it never fails as too many (ErrTooManyOps) or too large
+// (ErrTooLarge), and every name comes back held by the session. Twice as
+// many (when that is within limitProbe) either are taken, or fail with
+// one of those two errors, which tell the caller to halve the batch:
+// never with an error it would retry as it is.
+func conformClaimLimits(t *testing.T, st Group) {
+	ctx := context.Background()
+	b, s := beginR0(t, st)
+	defer func() { _ = b.End(ctx, s.ID) }()
+	maxNames, maxBytes := b.ClaimLimits()
+	if maxNames < 1 || maxBytes < 1 {
+		t.Fatalf("ClaimLimits = %d names, %d bytes; want a claim of one name at least to fit", maxNames, maxBytes)
+	}
+	var batch []string
+	cost := 0
+	for i := 0; len(batch) < min(maxNames, limitProbe); i++ {
+		n := fmt.Sprintf("limit-%05d", i)
+		if cost+b.ClaimCost(n) > maxBytes {
+			break
+		}
+		batch = append(batch, n)
+		cost += b.ClaimCost(n)
+	}
+	claim := func(names []string) ([]ha.Claimed, []string, error) {
+		rctx, cancel := b.Request(ctx)
+		defer cancel()
+		return b.Claim(rctx, s.ID, names)
+	}
+	got, absent, err := claim(batch)
+	if errors.Is(err, ha.ErrTooManyOps) || errors.Is(err, ha.ErrTooLarge) {
+		t.Fatalf("a claim of %d names (%d bytes), within the declared %d names and %d bytes, was refused: %v", len(batch), cost, maxNames, maxBytes, err)
+	}
+	if err != nil {
+		t.Fatalf("a claim of %d names: %v", len(batch), err)
+	}
+	if len(absent) > 0 {
+		more, _, err := claim(absent)
+		if err != nil {
+			t.Fatalf("a claim of the %d names answered free: %v", len(absent), err)
+		}
+		got = append(got, more...)
+	}
+	mine := 0
+	for _, g := range got {
+		if g.Mine {
+			mine++
+		}
+	}
+	if mine != len(batch) {
+		t.Errorf("a claim of %d free names within the limits made %d holdings of the session's; want all", len(batch), mine)
+	}
+	if 2*maxNames > limitProbe {
+		return
+	}
+	var over []string
+	for i := range 2 * maxNames {
+		over = append(over, fmt.Sprintf("over-%05d", i))
+	}
+	if _, _, err := claim(over); err != nil && !errors.Is(err, ha.ErrTooManyOps) && !errors.Is(err, ha.ErrTooLarge) {
+		t.Errorf("a claim of %d names, twice the declared %d: %v; want it taken, or refused with ErrTooManyOps or ErrTooLarge", len(over), maxNames, err)
+	}
+}
