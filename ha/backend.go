@@ -222,6 +222,27 @@ type Backend interface {
 	Watch(from int64, wg *sync.WaitGroup) Feed
 }
 
+// Rounding is an optional capability of a Backend: how much short of the
+// time a session really has left its TimeLeft and PeerLeft may answer.
+// A replica counts a silent member's session as ended up to that much
+// after the readings put its end, and so holds its names that much
+// longer before they start elsewhere: a crashed replica's names move
+// that much later. A Backend that does not implement it is taken to
+// answer up to a second short (defaultRounding): etcd truncates the time
+// left to whole seconds. A store whose answers are never short answers
+// 0: on Kubernetes an observer counts a silent member's D from its own
+// receipt of the member's last write, after the write's commit, itself
+// after the send time the member's fence counts from.
+type Rounding interface {
+	// Rounding returns the most by which the backend's TimeLeft and
+	// PeerLeft answer short, 0 or more. It sends nothing.
+	Rounding() time.Duration
+}
+
+// defaultRounding is the Rounding of a Backend that does not say: etcd's
+// whole seconds.
+const defaultRounding = time.Second
+
 // Feed delivers the changes of the group's records, in the order of
 // their positions, in batches (FeedBatch). Its contract, which the
 // replica's rules for a session that ends early rely on:

@@ -255,7 +255,7 @@ func (r *Replica) pollLeases(ep *epoch) {
 			}
 			r.mu.Lock()
 			prev, seen := r.leaseLast[l]
-			a := prev.next(sent, time.Now(), left, granted)
+			a := prev.next(sent, time.Now(), left, granted, r.short)
 			r.leaseLast[l] = a
 			if a.stale() && (!seen || !prev.stale()) {
 				r.log.Info(fmt.Sprintf("member %q has not renewed its lease for %v: it stopped, or cannot reach the store; its names move when the lease runs out, in %v unless it renews", r.holderOfLocked(l), a.since(sent).Round(time.Second), a.ttl), "lease", leaseHex(l))
@@ -276,7 +276,8 @@ func (r *Replica) pollLeases(ep *epoch) {
 //
 // etcd answers the time left in whole seconds, truncated: a reading sent
 // at s and received at v that says n means the lease runs out in [s + n,
-// v + n + 1s), if nobody renews it. Readings that agree (their ranges
+// v + n + 1s), if nobody renews it; in general [s + n, v + n + short),
+// short the backend's Rounding (0 on Kubernetes). Readings that agree (their ranges
 // meet) narrow the range to their intersection; one that does not was
 // made after a renewal, and starts a new range. A sample, at TTL 2s, of a
 // lease last renewed at 10.00s and never again, read every 94ms once
@@ -285,15 +286,16 @@ func (r *Replica) pollLeases(ep *epoch) {
 // 12.00s.
 type leaseAnswer struct {
 	sent, recv time.Time     // the reading's request was sent, and answered
-	ttl        time.Duration // the time left it answered, whole seconds
+	ttl        time.Duration // the time left it answered, whole seconds on etcd
 	granted    time.Duration // the lease's TTL
+	short      time.Duration // how much short of the truth ttl may be: the backend's Rounding
 	lo, hi     time.Time     // the lease runs out in [lo, hi), unless renewed after the readings
 }
 
 // next returns the reading sent at sent, answered at recv with ttl left
-// of granted, after a.
-func (a leaseAnswer) next(sent, recv time.Time, ttl, granted time.Duration) leaseAnswer {
-	b := leaseAnswer{sent: sent, recv: recv, ttl: ttl, granted: granted, lo: sent.Add(ttl), hi: recv.Add(ttl + time.Second)}
+// of granted, up to short short of the truth, after a.
+func (a leaseAnswer) next(sent, recv time.Time, ttl, granted, short time.Duration) leaseAnswer {
+	b := leaseAnswer{sent: sent, recv: recv, ttl: ttl, granted: granted, short: short, lo: sent.Add(ttl), hi: recv.Add(ttl + short)}
 	if lo, hi := later(a.lo, b.lo), earlier(a.hi, b.hi); !a.sent.IsZero() && lo.Before(hi) {
 		b.lo, b.hi = lo, hi // the same expiry: no renewal between the readings
 	}
@@ -315,11 +317,12 @@ func earlier(a, b time.Time) time.Time {
 }
 
 // since returns how long before now the member last renewed its lease, as
-// etcd counts: the TTL less the time left, plus the answer's age. etcd
-// truncates the time left to whole seconds, so the time left is taken to
-// be half a second more than it says: within half a second.
+// the store counts: the TTL less the time left, plus the answer's age.
+// The time left may be up to short short of the truth (etcd truncates it
+// to whole seconds), so it is taken to be half of that more than it
+// says: within half a second on etcd.
 func (a leaseAnswer) since(now time.Time) time.Duration {
-	return max(a.granted-a.ttl-time.Second/2+now.Sub(a.sent), 0)
+	return max(a.granted-a.ttl-a.short/2+now.Sub(a.sent), 0)
 }
 
 // stale reports whether the member had not renewed its lease for half

@@ -44,7 +44,10 @@ var ErrDuplicateID = errors.New("ha: another live replica has this ID")
 // them and joins them. Every method is safe for concurrent use.
 type Replica struct {
 	// Immutable after New.
-	be    Backend // the store's, from Store.Backend in New
+	be Backend // the store's, from Store.Backend in New
+	// short is how much short of the truth be's TimeLeft and PeerLeft
+	// may answer: its Rounding, or a second (defaultRounding).
+	short time.Duration
 	opts  Options
 	log   *slog.Logger // the inner Manager's sink, with replica=<ID>
 	inner *controller.Manager
@@ -283,6 +286,10 @@ func New(store Store, opts Options) (*Replica, error) {
 	if err != nil {
 		r.abort()
 		return nil, err
+	}
+	r.short = defaultRounding
+	if ro, ok := r.be.(Rounding); ok {
+		r.short = max(ro.Rounding(), 0)
 	}
 	r.maxClaimNames, r.maxClaimBytes = r.be.ClaimLimits()
 	r.claimBatch.Store(int32(r.maxClaimNames))

@@ -36,8 +36,9 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 	if !found {
 		return nil
 	}
-	// Each reading, sent at s and answered at v saying n seconds left,
-	// puts the lease's end in [s + n, v + n + 1s) (etcd truncates); the
+	// Each reading, sent at s and answered at v saying n left, puts the
+	// lease's end in [s + n, v + n + short) (r.short: 1s on etcd, which
+	// truncates; 0 on Kubernetes); the
 	// readings are intersected (leaseAnswer.next). A reading whose range
 	// lies wholly past the last range has seen the end move: a renewal.
 	// One may come after a crash (a keepalive in flight as the process
@@ -57,7 +58,7 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 		case errors.Is(err, ErrSessionEnded):
 			return nil // it ran out, and the key with it
 		case err == nil:
-			next := last.next(sent, recv, left, granted)
+			next := last.next(sent, recv, left, granted, r.short)
 			if !last.sent.IsZero() && !next.lo.Before(last.hi) {
 				renewals++
 			}

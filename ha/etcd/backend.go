@@ -292,6 +292,12 @@ func (b *etcdBackend) MemberSession(ctx context.Context) (ha.SessionID, bool, er
 	return ha.SessionID(resp.Kvs[0].Lease), true, nil
 }
 
+var _ ha.Rounding = (*etcdBackend)(nil)
+
+// Rounding is a second: etcd answers a lease's time left in whole
+// seconds, truncated.
+func (b *etcdBackend) Rounding() time.Duration { return time.Second }
+
 // TimeLeft reads the lease's remaining TTL, which etcd truncates to whole
 // seconds; a TTL of -1 is a lease that has expired.
 func (b *etcdBackend) TimeLeft(ctx context.Context, id ha.SessionID) (left, granted time.Duration, err error) {

@@ -64,6 +64,7 @@ func Cases() []Case { return slices.Clone(cases) }
 var cases = []Case{
 	{"RacingClaimersEachWinANameOnce", conformRacingClaims},
 	{"ClaimWithinTheDeclaredLimitsIsTaken", conformClaimLimits},
+	{"ReadingsAreShortByNoMoreThanTheRounding", conformReadingsWithinRounding},
 	{"BeginRenewEnd", conformBeginRenewEnd},
 	{"DuplicateIDRefusedWhileLive", conformDuplicateID},
 	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},

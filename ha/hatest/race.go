@@ -1,6 +1,7 @@
-// The cases of the property everything else rests on: replicas that claim
-// the same names at once each win a name once, and a claim within the
-// limits a store declares is taken.
+// The cases of the properties everything else rests on: replicas that
+// claim the same names at once each win a name once, a claim within the
+// limits a store declares is taken, and a session's readings are short
+// of the truth by no more than the store declares.
 
 package hatest
 
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/bgctl/controller/ha"
 )
@@ -195,5 +197,48 @@ func conformClaimLimits(t *testing.T, st Group) {
 	}
 	if _, _, err := claim(over); err != nil && !errors.Is(err, ha.ErrTooManyOps) && !errors.Is(err, ha.ErrTooLarge) {
 		t.Errorf("a claim of %d names, twice the declared %d: %v; want it taken, or refused with ErrTooManyOps or ErrTooLarge", len(over), maxNames, err)
+	}
+}
+
+// A session's readings are short of the truth by no more than the
+// backend's Rounding (a second when it does not say: ha.Rounding): each
+// reading of a silent session, by its replica (TimeLeft) and by another
+// (PeerLeft), put at the moment it was answered, reaches the end of the
+// validity its last renewal granted, counted from that renewal's call,
+// less at most the rounding. A replica holds a silent member's names
+// until its readings' end plus the rounding, so a reading shorter than
+// that would let the names start elsewhere before the member's fence.
+func conformReadingsWithinRounding(t *testing.T, st Group) {
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	reader := st.Backend("r1")
+	w := watchGroup(t, reader)
+	defer w.stop()
+	short := time.Second
+	if r, ok := a.(ha.Rounding); ok {
+		short = r.Rounding()
+	}
+	called := time.Now()
+	valid, err := a.Renew(ctx, sa.ID)
+	if err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	until := called.Add(valid)
+	read := func(who string, f func(context.Context, ha.SessionID) (time.Duration, time.Duration, error)) {
+		t.Helper()
+		left, _, err := f(ctx, sa.ID)
+		answered := time.Now()
+		if err != nil {
+			t.Fatalf("%s %v after the renewal: %v", who, answered.Sub(called), err)
+		}
+		if end := answered.Add(left + short); end.Before(until) {
+			t.Errorf("%s %v after the renewal answered %v left: the session's end %v before its validity ran out, beyond the rounding %v", who, answered.Sub(called).Round(time.Millisecond), left, until.Sub(end), short)
+		}
+	}
+	for time.Until(until) > TTL/8 {
+		read("timeLeft", a.TimeLeft)
+		read("peerLeft", reader.PeerLeft)
+		time.Sleep(TTL / 8)
 	}
 }

@@ -202,6 +202,15 @@ func (s seam) MemberSession(ctx context.Context) (ha.SessionID, bool, error) {
 	return ha.SessionID(id), found, seamErr(err)
 }
 
+var _ ha.Rounding = seam{} // its readings are never short
+
+// Rounding is 0: timeLeft and peerLeft count D from a receipt of the
+// member Lease's last version, after that write's commit, itself after
+// the send time its holder's fence counts from; so a silent member's
+// names start elsewhere as soon as the readings put its end, without
+// the second etcd's whole-second truncation needs.
+func (seam) Rounding() time.Duration { return 0 }
+
 func (s seam) TimeLeft(ctx context.Context, id ha.SessionID) (time.Duration, time.Duration, error) {
 	left, granted, err := s.b.timeLeft(ctx, sessionID(id))
 	return left, granted, seamErr(err)
