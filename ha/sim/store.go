@@ -38,20 +38,20 @@ type Store struct {
 	mu sync.Mutex
 	// Everything below is guarded by mu, and made by initLocked on
 	// first use.
-	next     ha.SessionID               // the last session ID given
-	rev      int64                      // the position of the last write: one more at every write
-	sessions map[ha.SessionID]*session  // the live sessions
-	members  map[string]member          // member records, by replica ID
-	claims   map[string]holding         // holdings, by name
-	chunks   map[chunkKey]chunk         // published chunks
-	past     []pastHolding              // every holding that ended, in order, for HeldAt
-	log      []ha.FeedBatch             // every write's changes, a batch per position, for the feeds
-	ended    []SessionEnd               // every session ended, in order
-	requests map[Op]int                 // requests that reached the store, by operation
-	backends map[string][]*Backend      // every backend made, by replica ID
-	cut      map[string]bool            // replicas partitioned off
-	paused   map[string]bool            // replicas paused
-	faults   []fault                    // one-shot faults not met yet, in the order injected
+	next     ha.SessionID              // the last session ID given
+	rev      int64                     // the position of the last write: one more at every write
+	sessions map[ha.SessionID]*session // the live sessions
+	members  map[string]member         // member records, by replica ID
+	claims   map[string]holding        // holdings, by name
+	chunks   map[chunkKey]chunk        // published chunks
+	past     []pastHolding             // every holding that ended, in order, for HeldAt
+	log      []ha.FeedBatch            // every write's changes, a batch per position, for the feeds
+	ended    []SessionEnd              // every session ended, in order
+	requests map[Op]int                // requests that reached the store, by operation
+	backends map[string][]*Backend     // every backend made, by replica ID
+	cut      map[string]bool           // replicas partitioned off
+	paused   map[string]bool           // replicas paused
+	faults   []fault                   // one-shot faults not met yet, in the order injected
 	// wake is closed, and replaced, at every write, every expiry and
 	// every change of a replica's link to the store: what a waiting
 	// feed or request waits on.
