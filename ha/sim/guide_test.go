@@ -15,10 +15,13 @@ import (
 	"github.com/bgctl/controller/ha/sim"
 )
 
-// registerControllers is the service's own code: it registers the
-// service's controllers on whatever runs them, a Replica in production.
+// controllerNames and registerControllers are the service's own code:
+// it registers the service's controllers on whatever runs them, a
+// Replica in production.
+var controllerNames = []string{"billing", "cleanup", "emails", "reports", "search-index", "thumbnails"}
+
 func registerControllers(c ha.Controllers) error {
-	for _, name := range []string{"billing", "cleanup", "emails", "reports", "search-index", "thumbnails"} {
+	for _, name := range controllerNames {
 		err := c.UpdateController(name, controller.ControllerParams{
 			DoFunc: func(ctx context.Context) error {
 				tick := time.NewTicker(time.Second)
@@ -92,7 +95,7 @@ func TestReplicasSurviveACrashAndAPartition(t *testing.T) {
 func runsOn(t *testing.T, replicas map[string]*ha.Replica, want ...string) {
 	t.Helper()
 	count := map[string]int{}
-	for _, name := range []string{"billing", "cleanup", "emails", "reports", "search-index", "thumbnails"} {
+	for _, name := range controllerNames {
 		on := 0
 		for id, r := range replicas {
 			if r.Running(name) {

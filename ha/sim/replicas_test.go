@@ -1,0 +1,142 @@
+// Whole replicas on the Store: what a crash, an early end and the
+// Recorder show a user's test, and how fast the guide's test runs.
+
+package sim_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/bgctl/controller"
+	"github.com/bgctl/controller/ha"
+	"github.com/bgctl/controller/ha/sim"
+)
+
+// options returns the Options of replica id in these tests: a TTL of 2s
+// and no log lines.
+func options(id string) ha.Options {
+	return ha.Options{
+		Prefix:         "/svc",
+		ID:             id,
+		TTL:            ttl,
+		ManagerOptions: []controller.Option{controller.WithSlog(slog.New(slog.DiscardHandler))},
+	}
+}
+
+// join makes replica id on store, registers the guide's controllers
+// through rec, and joins; the test's cleanup closes it.
+func join(t *testing.T, store ha.Store, rec *sim.Recorder, id string) *ha.Replica {
+	t.Helper()
+	r, err := ha.New(store, options(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	if err := registerControllers(rec.Controllers(r)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Join(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A crashed replica's controllers stop at once, and its names run
+// elsewhere only once the store ended its session, a TTL after its last
+// renewal; the replica restarted under its ID joins and runs its share
+// again.
+func TestCrashMovesNamesOnceItsSessionExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		var rec sim.Recorder
+		replicas := map[string]*ha.Replica{}
+		for _, id := range []string{"r0", "r1", "r2"} {
+			replicas[id] = join(t, &st, &rec, id)
+		}
+		time.Sleep(5 * time.Second)
+		var moved []string
+		for _, name := range controllerNames {
+			if rec.Runs(name)[0].Replica == "r1" {
+				moved = append(moved, name)
+			}
+		}
+		if len(moved) == 0 {
+			t.Fatal("r1 runs nothing")
+		}
+		expires, _ := st.Expires("r1")
+		crashed := time.Now()
+		if err := st.Crash(replicas["r1"]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		for _, name := range moved {
+			runs := rec.Runs(name)
+			if first := runs[0]; first.End.After(crashed) {
+				t.Errorf("%s ran on r1 until %v, past the crash", name, first.End.Sub(crashed))
+			}
+			if len(runs) < 2 || runs[1].Start.Before(expires) {
+				t.Errorf("%s: runs %+v; want a run elsewhere from r1's session's end, %v after the crash", name, runs, expires.Sub(crashed))
+			}
+		}
+		if e := st.Ended(); len(e) != 1 || e[0].Replica != "r1" || e[0].Reason != sim.Expired || !e[0].At.Equal(expires) {
+			t.Errorf("sessions ended: %v, want r1's expired at %v", e, expires)
+		}
+		restarted := join(t, &st, &rec, "r1")
+		time.Sleep(5 * time.Second)
+		running := 0
+		for _, name := range controllerNames {
+			if restarted.Running(name) {
+				running++
+			}
+		}
+		if running == 0 {
+			t.Error("r1 restarted runs nothing")
+		}
+		if o := rec.Overlaps(); len(o) > 0 {
+			t.Errorf("ran twice at once: %v", o)
+		}
+	})
+}
+
+// The Recorder reports a name run on two replicas at once, here two
+// replicas on two stores, each alone in its group and so running every
+// name; and none when a name moves from one replica to the next.
+func TestRecorderFindsOverlapsOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var one, other sim.Store
+		var rec sim.Recorder
+		r0 := join(t, &one, &rec, "r0")
+		r1 := join(t, &one, &rec, "r1")
+		time.Sleep(5 * time.Second)
+		if err := r0.Leave(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if o := rec.Overlaps(); len(o) > 0 {
+			t.Errorf("names moved from r0 to r1, and the recorder found overlaps: %v", o)
+		}
+		for _, name := range controllerNames {
+			if !r1.Running(name) {
+				t.Errorf("%s does not run on r1 once r0 left", name)
+			}
+		}
+		join(t, &other, &rec, "r2")
+		time.Sleep(5 * time.Second)
+		if o := rec.Overlaps(); len(o) != len(controllerNames) || o[0].Running != "r1" || o[0].Started != "r2" {
+			t.Errorf("r1 and r2 on two stores run every name, and the recorder found %v", o)
+		}
+	})
+}
+
+// The guide's test, a user's test of three replicas with a crash and a
+// partition, runs in well under a second of real time.
+func TestGuideTestRunsInWellUnderASecond(t *testing.T) {
+	start := time.Now()
+	t.Run("guide", TestReplicasSurviveACrashAndAPartition)
+	if took := time.Since(start); took > 300*time.Millisecond {
+		t.Errorf("the guide's test took %v, want under 300ms", took)
+	}
+}
