@@ -132,11 +132,18 @@ func TestRecorderFindsOverlapsOnly(t *testing.T) {
 }
 
 // The guide's test, a user's test of three replicas with a crash and a
-// partition, runs in well under a second of real time.
+// partition, runs in well under a second of real time: the fastest of
+// five runs, so that a machine busy with other work for a moment does
+// not fail it, while a store that waited in real time would.
 func TestGuideTestRunsInWellUnderASecond(t *testing.T) {
-	start := time.Now()
-	t.Run("guide", TestReplicasSurviveACrashAndAPartition)
-	if took := time.Since(start); took > 300*time.Millisecond {
-		t.Errorf("the guide's test took %v, want under 300ms", took)
+	fastest := time.Hour
+	for range 5 {
+		start := time.Now()
+		t.Run("guide", TestReplicasSurviveACrashAndAPartition)
+		fastest = min(fastest, time.Since(start))
+	}
+	t.Logf("the guide's test: %v, the fastest of five runs", fastest)
+	if fastest > 300*time.Millisecond {
+		t.Errorf("the guide's test took %v at best, want under 300ms", fastest)
 	}
 }
