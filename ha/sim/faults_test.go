@@ -185,6 +185,25 @@ func TestLoseAnswerCarriesTheRequestOut(t *testing.T) {
 	})
 }
 
+// A renewal whose answer was lost renewed the session all the same: it
+// lives a TTL from the renewal's arrival, past its first grant.
+func TestLostRenewalStillRenewed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		r0 := backend(t, &st, "r0")
+		s := begin(t, r0)
+		time.Sleep(ttl * 3 / 4)
+		st.LoseAnswer("r0", sim.OpRenew)
+		if _, err := r0.Renew(context.Background(), s.ID); !errors.Is(err, sim.ErrAnswerLost) {
+			t.Fatalf("a renewal whose answer was lost: %v, want ErrAnswerLost", err)
+		}
+		time.Sleep(ttl / 2) // past the first grant's end
+		if _, err := r0.Renew(context.Background(), s.ID); err != nil {
+			t.Errorf("the session after a renewal whose answer was lost: %v", err)
+		}
+	})
+}
+
 // A late answer: the store acts when the request arrives, the caller
 // hears d later; a renewal's validity counts from its arrival.
 func TestDelayAnswerActsAtOnceAndAnswersLater(t *testing.T) {
