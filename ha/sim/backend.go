@@ -19,7 +19,8 @@ import (
 // every write takes the next position of the store's one counter. Its
 // methods are safe for concurrent use; each passes the store's faults on
 // its way to the store and back (see [Store.Partition] and the others),
-// and is bounded by its context alone.
+// and is bounded by its context, and by the replica's RequestTimeout
+// where its documentation says so.
 type Backend struct {
 	st  *Store           // immutable
 	cfg ha.BackendConfig // immutable: the replica's, RequestTimeout and RenewEvery set
@@ -270,8 +271,8 @@ func (b *Backend) timeLeft(ctx context.Context, op Op, id ha.SessionID) (left, g
 }
 
 // Publish writes chunks as this replica's set with digest, under session
-// id, and withdraws its set of digest old (every set of this replica's
-// but the new one when digest is ""), all at one position. A chunk
+// id, and withdraws its set of digest old, all at one position; a digest
+// of "" publishes nothing and withdraws every set of this replica's. A chunk
 // written again with the same content changes only its position. An
 // error wrapping [ha.ErrSessionEnded] when id has ended. Its request is
 // bounded by the replica's RequestTimeout, and by ctx.

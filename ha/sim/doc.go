@@ -3,8 +3,8 @@
 // answer, a session the store ends early. It runs inside a
 // testing/synctest bubble, where sessions expire on the bubble's clock,
 // so a test of three replicas of a service's own controllers, with a
-// crash and a partition, runs in milliseconds and the same way every
-// time.
+// crash and a partition, runs in milliseconds, and every wait in it
+// lasts exactly as long on every run.
 //
 // # Testing a replicated service
 //
@@ -51,7 +51,7 @@
 //     runs: its fence passes on time and its DoFuncs see their context
 //     end, which a process frozen mid-DoFunc would not (the hazard the
 //     package ha documentation names in "Why no name runs on two
-//     replicas at once"); a test of that hazard pauses its own DoFunc.
+//     replicas at once"); to test that hazard, block the DoFunc itself.
 //   - [Store.LoseAnswer] has the store carry out a request and the caller
 //     get an error; [Store.DelayAnswer] holds the answer back.
 //   - [Store.EndSession] ends a replica's session before its TTL, as a

@@ -9,45 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"log/slog"
 	"time"
 
-	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
 	"github.com/bgctl/controller/ha/sim"
 )
-
-// quiet is Options for replica id that log nothing and claim at once.
-func quiet(id string) ha.Options {
-	return ha.Options{
-		Prefix:         "/my-service",
-		ID:             id,
-		Settle:         -1,
-		ManagerOptions: []controller.Option{controller.WithSlog(slog.New(slog.DiscardHandler))},
-	}
-}
-
-// until polls cond every millisecond for up to five seconds, and reports
-// whether it came true.
-func until(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return false
-}
-
-// runningOn returns how many of the service's controllers run on r.
-func runningOn(r *ha.Replica) int {
-	n := 0
-	for _, name := range controllerNames {
-		if r.Running(name) {
-			n++
-		}
-	}
-	return n
-}
 
 // Three replicas of a service share its controllers on one Store, each
 // name on one replica; when one leaves, the others take its names over at

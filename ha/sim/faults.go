@@ -90,7 +90,7 @@ func (s *Store) Heal(id string) {
 // collection) would: its requests are held before they reach the store,
 // the answers on their way to it and its feed's batches are held before
 // they reach it, and its renewals stop reaching the store, so its
-// session ends when its TTL runs out. At Resume everything held goes on:
+// session ends if the pause outlasts it. At Resume everything held goes on:
 // a request whose context ended meanwhile fails without reaching the
 // store. The replica's goroutines are not frozen: its fence passes on
 // time and its controllers see their contexts end (see the package

@@ -5,44 +5,13 @@ package sim_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
 	"github.com/bgctl/controller/ha/sim"
 )
-
-// options returns the Options of replica id in these tests: a TTL of 2s
-// and no log lines.
-func options(id string) ha.Options {
-	return ha.Options{
-		Prefix:         "/svc",
-		ID:             id,
-		TTL:            ttl,
-		ManagerOptions: []controller.Option{controller.WithSlog(slog.New(slog.DiscardHandler))},
-	}
-}
-
-// join makes replica id on store, registers the guide's controllers
-// through rec, and joins; the test's cleanup closes it.
-func join(t *testing.T, store ha.Store, rec *sim.Recorder, id string) *ha.Replica {
-	t.Helper()
-	r, err := ha.New(store, options(id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	if err := registerControllers(rec.Controllers(r)); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Join(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // A crashed replica's controllers stop at once, and its names run
 // elsewhere only once the store ended its session, a TTL after its last
@@ -146,4 +115,47 @@ func TestGuideTestRunsInWellUnderASecond(t *testing.T) {
 	if fastest > 300*time.Millisecond {
 		t.Errorf("the guide's test took %v at best, want under 300ms", fastest)
 	}
+}
+
+// A pause shorter than the fence's window changes nothing: the held
+// renewals reach the store at Resume. One that outlasts the session
+// moves the replica's names once the store ended it, and at Resume the
+// replica joins again and gets its share back.
+func TestPauseMovesNamesOnlyIfItOutlastsTheSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		var rec sim.Recorder
+		replicas := map[string]*ha.Replica{}
+		for _, id := range []string{"r0", "r1", "r2"} {
+			replicas[id] = join(t, &st, &rec, id)
+		}
+		time.Sleep(5 * time.Second)
+		share := runningOn(replicas["r1"])
+
+		st.Pause("r1")
+		time.Sleep(ttl / 4)
+		st.Resume("r1")
+		time.Sleep(ttl)
+		if got := runningOn(replicas["r1"]); got != share || len(st.Ended()) != 0 {
+			t.Errorf("after a pause of TTL/4, r1 runs %d names (was %d) and sessions ended: %v", got, share, st.Ended())
+		}
+
+		st.Pause("r1")
+		expires, _ := st.Expires("r1")
+		time.Sleep(2 * ttl)
+		if e := st.Ended(); len(e) != 1 || e[0].Replica != "r1" || e[0].Reason != sim.Expired || !e[0].At.Equal(expires) {
+			t.Errorf("sessions ended during a pause of 2 TTLs: %v, want r1's expired at %v", e, expires)
+		}
+		if got := runningOn(replicas["r0"]) + runningOn(replicas["r2"]); got != len(controllerNames) {
+			t.Errorf("r0 and r2 run %d names while r1 is paused, want all %d", got, len(controllerNames))
+		}
+		st.Resume("r1")
+		time.Sleep(2 * ttl)
+		if got := runningOn(replicas["r1"]); got == 0 {
+			t.Error("r1 runs nothing once resumed")
+		}
+		if o := rec.Overlaps(); len(o) > 0 {
+			t.Errorf("ran twice at once: %v", o)
+		}
+	})
 }
