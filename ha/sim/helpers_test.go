@@ -104,27 +104,6 @@ func join(t *testing.T, store ha.Store, rec *sim.Recorder, id string) *ha.Replic
 	return r
 }
 
-// quiet is Options for replica id that log nothing and claim at once.
-func quiet(id string) ha.Options {
-	return ha.Options{
-		Prefix:         "/my-service",
-		ID:             id,
-		Settle:         -1,
-		ManagerOptions: []controller.Option{controller.WithSlog(slog.New(slog.DiscardHandler))},
-	}
-}
-
-// until polls cond every millisecond for up to five seconds, and reports
-// whether it came true.
-func until(cond func() bool) bool {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return false
-}
-
 // runningOn returns how many of the service's controllers run on r.
 func runningOn(r *ha.Replica) int {
 	n := 0
