@@ -1,5 +1,5 @@
-// Whole replicas on the Store: what a crash, an early end and the
-// Recorder show a user's test, and how fast the guide's test runs.
+// Whole replicas on the Store: what a crash, a pause and the Recorder
+// show a user's test, and how fast the guide's test runs.
 
 package sim_test
 
@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
 	"github.com/bgctl/controller/ha/sim"
 )
@@ -156,6 +157,39 @@ func TestPauseMovesNamesOnlyIfItOutlastsTheSession(t *testing.T) {
 		}
 		if o := rec.Overlaps(); len(o) > 0 {
 			t.Errorf("ran twice at once: %v", o)
+		}
+	})
+}
+
+// The Recorder tells a StopFunc's call from a DoFunc's run: a replica that
+// leaves runs the StopFunc once its DoFunc returned, and both are noted
+// with their ends.
+func TestRecorderNotesStopFuncs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		var rec sim.Recorder
+		r, err := ha.New(&st, options("r0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		err = rec.Controllers(r).UpdateController("gc", controller.ControllerParams{
+			DoFunc:   func(ctx context.Context) error { <-ctx.Done(); return nil },
+			StopFunc: func(context.Context) error { time.Sleep(time.Second); return nil },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Join(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		if err := r.Leave(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		runs := rec.Runs("gc")
+		if len(runs) != 2 || runs[0].Stop || !runs[1].Stop || runs[0].End.After(runs[1].Start) || runs[1].End.Sub(runs[1].Start) != time.Second {
+			t.Errorf("runs of gc: %+v; want its DoFunc's run, then its StopFunc's call of 1s after it", runs)
 		}
 	})
 }
