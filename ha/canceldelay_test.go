@@ -27,7 +27,7 @@ var cancelDelayRounds = flag.Int("canceldelay", 0, "run TestCancelDelayMeasureme
 // with params(name). Only installLocked and the fence are exercised.
 func fenceReplica(t testing.TB, deadline time.Time, names []string, params func(name string) controller.ControllerParams) *Replica {
 	t.Helper()
-	r, err := New(newMemStore(), Options{Prefix: "/delay", ID: "d", Logger: discardLogger()})
+	r, err := New(idleStore{}, Options{Prefix: "/delay", ID: "d", Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,9 @@
 // controllers, exactly as it would with a [controller.Manager], and joins
 // a group under an etcd key prefix ([New], then [Replica.Join]); each name
 // then runs on one replica. Code written against [Controllers] registers
-// on a [Replica] or, through [Local], on a Manager alone. In
+// on a [Replica] or, through [Local], on a Manager alone; a test runs
+// several replicas of it in one process, with crashes and partitions, on
+// the in-memory store of github.com/bgctl/controller/ha/sim. In
 // [Spread] mode the names are spread over the live replicas by rendezvous
 // hashing, so a replica that joins or leaves moves only its share; in
 // [Leader] mode the oldest replica runs everything and the others wait.

@@ -4,11 +4,14 @@ package ha
 
 import "time"
 
-// MemGroup returns the in-memory store's part in a conformance case: a
-// fresh store, a backend per replica, and its faults.
-func MemGroup() (backend func(id string) Backend, slowBegin func(time.Duration), loseBegin func()) {
-	st := newMemStore()
-	return func(id string) Backend { return st.replica(id, 2*time.Second) },
-		func(d time.Duration) { st.inject("begin", memFault{delay: d, once: true}) },
-		func() { st.inject("begin", memFault{lost: true, once: true}) }
+// Normalize returns o with its defaults filled in, as New does.
+func Normalize(o Options) (Options, error) { return o.normalize() }
+
+// KeepAliveEvery is how often a replica with options o renews its
+// session, and reads the others' when one is late.
+func KeepAliveEvery(o Options) time.Duration { return o.keepAliveEvery() }
+
+// RejoinWait is the pause after a failed attempt to join again.
+func RejoinWait(wait time.Duration, err error, ttl time.Duration) time.Duration {
+	return rejoinWait(wait, err, ttl)
 }

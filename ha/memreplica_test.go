@@ -1,8 +1,8 @@
-// Whole replicas on the in-memory backend, inside testing/synctest
-// bubbles: the shared part reaches its store through the backend alone,
-// and keeps its promises there on a clock that is exact.
+// Whole replicas on the in-memory store (package sim), inside
+// testing/synctest bubbles: the shared part reaches its store through the
+// backend alone, and keeps its promises there on a clock that is exact.
 
-package ha
+package ha_test
 
 import (
 	"context"
@@ -13,34 +13,36 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	"github.com/bgctl/controller/ha/internal/place"
 	"github.com/bgctl/controller/ha/internal/runlog"
+	"github.com/bgctl/controller/ha/sim"
 	"github.com/sirupsen/logrus"
 )
 
-// memGroup is replicas of one group on one memStore, in one bubble,
+// memGroup is replicas of one group on one sim.Store, in one bubble,
 // sharing a recorder. Used by the test's goroutine alone.
 type memGroup struct {
 	t     *testing.T
-	st    *memStore
+	st    *sim.Store
 	rec   *runlog.Recorder
-	opts  Options
+	opts  ha.Options
 	names []string
-	rs    map[string]*Replica // the replicas not stopped yet, by ID
-	store Store               // the replicas' store: st, unless set before the first replica
+	rs    map[string]*ha.Replica // the replicas not stopped yet, by ID
+	store ha.Store               // the replicas' store: st, unless set before the first replica
 }
 
 // newMemGroup makes a group of names names ("n-0" …) on a new store, with
 // a TTL of 2s, a Margin of 500ms, and no replica yet.
 func newMemGroup(t *testing.T, names int) *memGroup {
-	opts := Options{TTL: 2 * time.Second, Margin: 500 * time.Millisecond, Logger: discardLogger()}
+	opts := ha.Options{TTL: 2 * time.Second, Margin: 500 * time.Millisecond, Logger: discardLogger()}
 	opts.Prefix, opts.ID = "/mem", "r"
-	opts, err := opts.normalize() // for the defaults the bounds use
+	opts, err := ha.Normalize(opts) // for the defaults the bounds use
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := newMemStore()
-	return &memGroup{t: t, st: st, rec: runlog.New(), opts: opts, names: runlog.Names("n", names), rs: map[string]*Replica{}, store: st}
+	st := &sim.Store{}
+	return &memGroup{t: t, st: st, rec: runlog.New(), opts: opts, names: runlog.Names("n", names), rs: map[string]*ha.Replica{}, store: st}
 }
 
 // runMemGroup runs f in a synctest bubble, on a new group of names names
@@ -57,10 +59,10 @@ func runMemGroup(t *testing.T, names int, f func(t *testing.T, g *memGroup)) {
 
 // newReplica makes replica id on the store, with every name registered,
 // and does not join it.
-func (g *memGroup) newReplica(id string) *Replica {
+func (g *memGroup) newReplica(id string) *ha.Replica {
 	opts := g.opts
 	opts.ID = id
-	r, err := New(g.store, opts)
+	r, err := ha.New(g.store, opts)
 	if err != nil {
 		g.t.Errorf("newReplica(%s): %v", id, err)
 		return nil
@@ -74,7 +76,7 @@ func (g *memGroup) newReplica(id string) *Replica {
 }
 
 // join makes replica id, as newReplica does, and joins it.
-func (g *memGroup) join(id string) *Replica {
+func (g *memGroup) join(id string) *ha.Replica {
 	g.t.Helper()
 	r := g.newReplica(id)
 	if r == nil {
@@ -139,24 +141,23 @@ func (g *memGroup) closeAll() {
 // the member has no record or its session has ended.
 func (g *memGroup) expiry(id string) time.Duration {
 	g.t.Helper()
-	g.st.mu.Lock()
-	defer g.st.mu.Unlock()
-	m, ok := g.st.members[id]
-	l := g.st.sessions[m.session]
-	if !ok || l == nil {
+	at, ok := g.st.Expires(id)
+	if !ok {
 		g.t.Fatalf("%s has no member record, or its session has ended", id)
 	}
-	return l.granted.Add(l.ttl).Sub(g.rec.Base())
+	return at.Sub(g.rec.Base())
 }
 
 // ended checks the sessions the store has ended, in order, against want
 // ("<member> <session> expired|ended").
 func (g *memGroup) ended(want ...string) {
 	g.t.Helper()
-	g.st.mu.Lock()
-	defer g.st.mu.Unlock()
-	if !slices.Equal(g.st.ended, want) {
-		g.t.Errorf("the store ended sessions %q, want %q", g.st.ended, want)
+	var ended []string
+	for _, e := range g.st.Ended() {
+		ended = append(ended, e.String())
+	}
+	if !slices.Equal(ended, want) {
+		g.t.Errorf("the store ended sessions %q, want %q", ended, want)
 	}
 }
 
@@ -201,7 +202,7 @@ func TestMemReplicasSpreadCrashAndLeave(t *testing.T) {
 		delete(g.rs, "r1")
 		expires := g.expiry("r1")
 		g.waitPlacement(g.want("r0", "r2"), 10*time.Second)
-		g.handedOver("r1", moved, crashed, crashed+prompt, expires, expires+g.opts.keepAliveEvery()+prompt)
+		g.handedOver("r1", moved, crashed, crashed+prompt, expires, expires+ha.KeepAliveEvery(g.opts)+prompt)
 
 		moved = place.On(g.want("r0", "r2"), "r0")
 		left := g.rec.Now()
@@ -245,25 +246,27 @@ func TestMemReplicaRestartedUnderItsIDWaitsForItsEarlierSession(t *testing.T) {
 // TestMemReplicaPartitioned cuts one of three replicas off from the
 // store while its controllers run: its fence stops them before its
 // session expires, the others run its names only once it has, and when
-// the cut heals it joins again and gets its share back; no name ever
-// runs on two replicas at once.
+// the cut heals it joins again and gets its share back, within a pause
+// between attempts and a request timeout (an attempt in flight at the
+// heal was dropped, and waits for its timeout); no name ever runs on two
+// replicas at once.
 func TestMemReplicaPartitioned(t *testing.T) {
 	runMemGroup(t, 30, func(t *testing.T, g *memGroup) {
 		three, _ := g.joinThree()
 
 		moved := place.On(three, "r1")
 		cut := g.rec.Now()
-		g.st.partition("r1", true)
+		g.st.Partition("r1")
 		expires := g.expiry("r1")
 		g.waitPlacement(g.want("r0", "r2"), 10*time.Second)
-		g.handedOver("r1", moved, cut, expires-g.opts.Margin, expires, expires+g.opts.keepAliveEvery()+prompt)
+		g.handedOver("r1", moved, cut, expires-g.opts.Margin, expires, expires+ha.KeepAliveEvery(g.opts)+prompt)
 
 		g.ended("r1 2 expired")
 
-		g.st.partition("r1", false)
-		pause := rejoinWait(time.Hour, nil, g.opts.TTL) // the longest between r1's attempts to join again
-		if took := g.waitPlacement(three, 10*time.Second); took > pause+prompt {
-			t.Errorf("healed: r1 had its share again after %v, past %v", took, pause+prompt)
+		g.st.Heal("r1")
+		pause := ha.RejoinWait(time.Hour, nil, g.opts.TTL) // the longest between r1's attempts to join again
+		if took, bound := g.waitPlacement(three, 10*time.Second), pause+g.opts.RequestTimeout+prompt; took > bound {
+			t.Errorf("healed: r1 had its share again after %v, past %v", took, bound)
 		}
 	})
 }
@@ -281,7 +284,7 @@ func TestMemReplicasJoinTogetherUnsettled(t *testing.T) {
 		runMemGroup(t, 300, func(t *testing.T, g *memGroup) {
 			g.opts.Settle = -1
 			ids := []string{"r0", "r1", "r2"}
-			rs := make([]*Replica, len(ids))
+			rs := make([]*ha.Replica, len(ids))
 			var wg sync.WaitGroup
 			for i, id := range ids {
 				wg.Add(1)
@@ -319,13 +322,10 @@ func TestMemReplicasJoinTogetherUnsettled(t *testing.T) {
 // cost as many writes as a full one each.
 func TestMemReplicaClaimsInBatchesAsLargeAsTheBackendTakes(t *testing.T) {
 	runMemGroup(t, 2000, func(t *testing.T, g *memGroup) {
-		g.st.claimLimit = 1000
+		g.st.ClaimLimit = 1000
 		g.join("r0")
 		g.waitPlacement(g.want("r0"), 10*time.Second)
-		g.st.mu.Lock()
-		calls := g.st.claimCalls
-		g.st.mu.Unlock()
-		if calls != 2 {
+		if calls := g.st.Requests(sim.OpClaim); calls != 2 {
 			t.Errorf("2000 names claimed in %d Claims of at most 1000 names; want 2", calls)
 		}
 	})
@@ -337,7 +337,7 @@ func TestMemReplicaClaimsInBatchesAsLargeAsTheBackendTakes(t *testing.T) {
 // the step's last, short batch included.
 func TestMemReplicaClaimsEveryNameWhenTheStoreTakesFewerThanDeclared(t *testing.T) {
 	runMemGroup(t, 2003, func(t *testing.T, g *memGroup) {
-		g.st.claimLimit, g.st.claimMax = 1000, 300
+		g.st.ClaimLimit, g.st.RefuseAbove = 1000, 300
 		g.join("r0")
 		g.waitPlacement(g.want("r0"), 10*time.Second)
 		g.join("r1")

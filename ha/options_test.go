@@ -59,7 +59,7 @@ func TestBadTTLIsNamedAlone(t *testing.T) {
 // claims it, and the mistake does not surface later, as an Error line on
 // whichever replica holds the name.
 func TestInvalidRegistrationIsRefused(t *testing.T) {
-	r, err := New(newMemStore(), Options{Prefix: "/refuse", ID: "a", Logger: discardLogger()})
+	r, err := New(idleStore{}, Options{Prefix: "/refuse", ID: "a", Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

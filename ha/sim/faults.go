@@ -1,0 +1,254 @@
+// The faults a test injects, and the gate every request of a backend
+// passes through on its way to the store and back, where they act.
+
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bgctl/controller/ha"
+)
+
+// Op names a kind of request a backend sends the store: one of
+// [ha.Backend]'s methods that reach it. The faults that meet one request
+// ([Store.LoseAnswer], [Store.DelayAnswer]) name its Op, or "" for any.
+type Op string
+
+// The requests a backend sends, named after its methods.
+const (
+	OpBegin         Op = "Begin"
+	OpRenew         Op = "Renew"
+	OpEnd           Op = "End"
+	OpPutMember     Op = "PutMember"
+	OpEnsureMember  Op = "EnsureMember"
+	OpClaim         Op = "Claim"
+	OpRelease       Op = "Release"
+	OpMemberSession Op = "MemberSession"
+	OpTimeLeft      Op = "TimeLeft"
+	OpPeerLeft      Op = "PeerLeft"
+	OpPublish       Op = "Publish"
+	OpFetch         Op = "Fetch"
+	OpList          Op = "List"
+	OpHeldAt        Op = "HeldAt"
+)
+
+// fault is what the store does to the next request it meets.
+type fault struct {
+	replica string        // whose request it meets; "" any replica's
+	op      Op            // which request it meets; "" any
+	lose    bool          // the store carries the request out; its answer is lost
+	delay   time.Duration // the answer is held back this long
+}
+
+// ErrAnswerLost is wrapped by the error of a request whose answer
+// [Store.LoseAnswer] lost: the store carried it out.
+var ErrAnswerLost = errors.New("sim: the answer was lost")
+
+// Crash has replica r crash: from now on nothing any backend of r's ID
+// made so far sends reaches the store, its feed delivers nothing, and r
+// is closed ([ha.Replica.Close]), which stops its controllers at once.
+// The store ends r's session when its TTL runs out, unrenewed; its
+// holdings go with it, and the other replicas take its names over. A
+// replica made later under r's ID is not crashed: it is r restarted.
+// Crash returns Close's error.
+//
+// Close runs the StopFuncs of r's names while r's fence is open, which a
+// real crash would not.
+func (s *Store) Crash(r *ha.Replica) error {
+	s.changeLinks(func() {
+		for _, b := range s.backends[r.ID()] {
+			b.crashed = true
+		}
+	})
+	return r.Close()
+}
+
+// Partition cuts replica id off from the store until [Store.Heal]: each
+// request it sends meanwhile (its renewals included) is dropped, waits
+// until its context ends and fails, never reaching the store; answers on
+// their way to it are dropped as well, and its feed delivers nothing.
+// The other replicas go on. Its session, no longer renewed, ends when its
+// TTL runs out; the replica's fence passes before that, and it stops its
+// controllers on its own. It applies to every replica made under id,
+// until healed.
+func (s *Store) Partition(id string) {
+	s.changeLinks(func() { s.cut[id] = true })
+}
+
+// Heal ends replica id's partition: its next requests reach the store,
+// and its feed delivers what it missed. A request dropped before stays
+// dropped.
+func (s *Store) Heal(id string) {
+	s.changeLinks(func() { delete(s.cut, id) })
+}
+
+// Pause freezes replica id's traffic with the store until
+// [Store.Resume], as a process that is stopped (SIGSTOP, a long
+// collection) would: its requests are held before they reach the store,
+// the answers on their way to it and its feed's batches are held before
+// they reach it, and its renewals stop reaching the store, so its
+// session ends if the pause outlasts it. At Resume everything held goes on:
+// a request whose context ended meanwhile fails without reaching the
+// store. The replica's goroutines are not frozen: its fence passes on
+// time and its controllers see their contexts end (see the package
+// documentation). It applies to every replica made under id.
+func (s *Store) Pause(id string) {
+	s.changeLinks(func() { s.paused[id] = true })
+}
+
+// Resume ends replica id's pause: what was held goes on.
+func (s *Store) Resume(id string) {
+	s.changeLinks(func() { delete(s.paused, id) })
+}
+
+// changeLinks runs change, which sets how some replica's link to the
+// store stands, under mu, and wakes whatever waits on a link.
+func (s *Store) changeLinks(change func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	change()
+	s.wakeLocked()
+}
+
+// LoseAnswer has the store carry out the next request of op (any
+// request: "") that replica id (any replica: "") sends, and lose its
+// answer: the caller gets an error wrapping [ErrAnswerLost] at once,
+// though the write, if it was one, was made. Faults are met in the order
+// injected, each once.
+func (s *Store) LoseAnswer(id string, op Op) {
+	s.inject(fault{replica: id, op: op, lose: true})
+}
+
+// DelayAnswer holds back by d the answer to the next request of op (any
+// request: "") that replica id (any replica: "") sends: the store
+// carries it out at once, and the caller gets the answer d later, or
+// its context's error if that ends first.
+func (s *Store) DelayAnswer(id string, op Op, d time.Duration) {
+	s.inject(fault{replica: id, op: op, delay: d})
+}
+
+// inject queues f for the next request it meets.
+func (s *Store) inject(f fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	s.faults = append(s.faults, f)
+}
+
+// takeFaultLocked removes and returns the first fault queued that meets
+// a request of op from replica id; a zero fault if none does.
+func (s *Store) takeFaultLocked(id string, op Op) fault {
+	for i, f := range s.faults {
+		if (f.replica == "" || f.replica == id) && (f.op == "" || f.op == op) {
+			s.faults = append(s.faults[:i], s.faults[i+1:]...)
+			return f
+		}
+	}
+	return fault{}
+}
+
+// EndSession ends replica id's session now, before its validity runs
+// out, as a server that revokes a lease early does (another client's
+// revoke, a stale leader that wakes): its member record, holdings and
+// published chunks go at once, in one change the others see. The
+// replica's fence passes when its feed shows it, or its next renewal is
+// refused; it joins again under a new session. It fails when id has no
+// member record under a live session.
+func (s *Store) EndSession(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	now := time.Now()
+	s.expireLocked(now)
+	m, ok := s.members[id]
+	if !ok || s.liveLocked(m.session) != nil {
+		return fmt.Errorf("sim: EndSession(%q): no live session", id)
+	}
+	s.endLocked(m.session, now, EndedEarly)
+	return nil
+}
+
+// linkLocked tells how b's link to the store stands: dropped, its
+// traffic is lost (crash, partition); blocked, it waits (dropped, or a
+// pause).
+func (b *Backend) linkLocked() (blocked, dropped bool) {
+	s := b.st
+	dropped = b.crashed || s.cut[b.cfg.ID]
+	return dropped || s.paused[b.cfg.ID], dropped
+}
+
+// call carries out one request of b's, op, whose store side is act: it
+// passes the link on its way to the store, meets the faults injected,
+// has the store act under its lock at the moment the request arrives
+// (sessions whose validity ran out by then ended first), and passes the
+// link again on its way back.
+func (b *Backend) call(ctx context.Context, op Op, act func(now time.Time) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sim: %s's %s never reached the store: %w", b.cfg.ID, op, err)
+	}
+	s := b.st
+	s.mu.Lock()
+	s.initLocked()
+	if err := b.waitLinkLocked(ctx, op, "never reached the store"); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	f := s.takeFaultLocked(b.cfg.ID, op)
+	s.requests[op]++
+	now := time.Now()
+	s.expireLocked(now)
+	err := act(now)
+	s.mu.Unlock()
+
+	if f.delay > 0 {
+		t := time.NewTimer(f.delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sim: %s's %s: its answer, held back, never came: %w", b.cfg.ID, op, ctx.Err())
+		}
+	}
+	s.mu.Lock()
+	lost := b.waitLinkLocked(ctx, op, "its answer never came")
+	s.mu.Unlock()
+	switch {
+	case lost != nil:
+		return lost
+	case f.lose:
+		return fmt.Errorf("sim: %s's %s: %w (LoseAnswer)", b.cfg.ID, op, ErrAnswerLost)
+	}
+	return err
+}
+
+// waitLinkLocked waits, with mu held on entry and on return, while b's
+// link to the store blocks: until it opens (nil), or until ctx ends (an
+// error saying what, and wrapping ctx's). A dropped link waits for ctx
+// alone: what it drops is gone, even if it heals meanwhile.
+func (b *Backend) waitLinkLocked(ctx context.Context, op Op, what string) error {
+	s := b.st
+	for {
+		blocked, dropped := b.linkLocked()
+		if !blocked {
+			return nil
+		}
+		wake := s.wake
+		s.mu.Unlock()
+		if dropped {
+			<-ctx.Done()
+		} else {
+			select {
+			case <-wake:
+			case <-ctx.Done():
+			}
+		}
+		s.mu.Lock()
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("sim: %s's %s %s: %w", b.cfg.ID, op, what, err)
+		}
+	}
+}

@@ -1,0 +1,93 @@
+// The feed of a backend: the store's log delivered from a position, the
+// progress between changes, and the expiry of sessions on time.
+
+package sim
+
+import (
+	"time"
+
+	"github.com/bgctl/controller/ha"
+)
+
+// feed is one replica's feed of the store's changes ([Backend.Watch]).
+type feed struct {
+	out  chan ha.FeedBatch // unbuffered: the goroutine hands each batch over
+	quit chan struct{}     // closed by Stop
+	done chan struct{}     // closed as the feed's goroutine returns
+}
+
+// Batches is where the feed delivers.
+func (f *feed) Batches() <-chan ha.FeedBatch { return f.out }
+
+// Stop ends the feed and waits for its goroutine.
+func (f *feed) Stop() {
+	close(f.quit)
+	<-f.done
+}
+
+// deliver hands f the log's batches after position from, and a batch of
+// progress alone whenever it delivered nothing for RenewEvery, until
+// Stop. While b's link blocks (crash, partition, pause) it delivers
+// nothing, and goes on where it was when it opens. It also ends each
+// session at the moment its validity runs out, so that its end reaches
+// the feeds then and not at the next request.
+func (b *Backend) deliver(f *feed, from int64) {
+	s := b.st
+	next := 0 // the log's index of the next batch to look at
+	delivered := time.Now()
+	every := b.cfg.RenewEvery
+	for {
+		s.mu.Lock()
+		s.initLocked()
+		now := time.Now()
+		s.expireLocked(now)
+		var batch ha.FeedBatch
+		ready := false
+		wait, expiring := s.nextExpiryLocked(now)
+		if blocked, _ := b.linkLocked(); !blocked {
+			for next < len(s.log) && s.log[next].At <= from {
+				next++
+			}
+			switch progressDue := delivered.Add(every); {
+			case next < len(s.log):
+				batch, ready = s.log[next], true
+				next++
+			case !now.Before(progressDue):
+				batch, ready = ha.FeedBatch{At: s.rev}, true
+			case !expiring || progressDue.Sub(now) < wait:
+				wait, expiring = progressDue.Sub(now), true
+			}
+		}
+		wake := s.wake
+		s.mu.Unlock()
+
+		if ready {
+			select {
+			case f.out <- batch:
+				delivered = time.Now()
+			case <-f.quit:
+				return
+			}
+			continue
+		}
+		var timer *time.Timer
+		var timeout <-chan time.Time
+		if expiring {
+			timer = time.NewTimer(wait)
+			timeout = timer.C
+		}
+		select {
+		case <-wake:
+		case <-timeout:
+		case <-f.quit:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		select {
+		case <-f.quit:
+			return
+		default:
+		}
+	}
+}
