@@ -100,12 +100,6 @@ func TestDocsPerformanceIsOneTable(t *testing.T) {
 	}
 }
 
-// pendingGuides are guides the README and docs/ link to before they land,
-// each with who writes it; a guide that exists must leave this list.
-var pendingGuides = map[string]string{
-	"docs/testing-replicas.md": "Testing your replicated service, with the in-memory replica simulator (issue 34, item 1)",
-}
-
 // Every relative link of the README, of the guides in docs/ and of the
 // repository's other Markdown leads to a file that exists, and its
 // #anchor, if any, to a heading of that file (as GitHub makes anchors),
@@ -161,9 +155,6 @@ func TestDocsLinksResolve(t *testing.T) {
 				if path != "" {
 					dest = filepath.Join(filepath.Dir(file), path)
 				}
-				if _, pending := pendingGuides[filepath.ToSlash(dest)]; pending {
-					continue
-				}
 				if _, err := os.Stat(dest); err != nil {
 					t.Errorf("%s: link %s: %v", file, target, err)
 					continue
@@ -178,11 +169,6 @@ func TestDocsLinksResolve(t *testing.T) {
 					t.Errorf("%s: link %s: %s has no heading with the anchor #%s", file, target, dest, anchor)
 				}
 			}
-		}
-	}
-	for guide, what := range pendingGuides {
-		if _, err := os.Stat(guide); err == nil {
-			t.Errorf("%s (%s) exists: remove it from pendingGuides, so that its links are checked", guide, what)
 		}
 	}
 }

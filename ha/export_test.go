@@ -15,3 +15,7 @@ func KeepAliveEvery(o Options) time.Duration { return o.keepAliveEvery() }
 func RejoinWait(wait time.Duration, err error, ttl time.Duration) time.Duration {
 	return rejoinWait(wait, err, ttl)
 }
+
+// RestartPoll is how often a replica restarted under its ID reads its
+// earlier run's session while it waits in Join.
+const RestartPoll = restartPoll

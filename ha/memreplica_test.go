@@ -235,8 +235,8 @@ func TestMemReplicaRestartedUnderItsIDWaitsForItsEarlierSession(t *testing.T) {
 		g.join("r1") // the restart: the same ID, at once
 		joined := g.rec.Now()
 		t.Logf("the earlier run's session ran out at %v; the restarted r1 joined at %v", expires, joined)
-		if joined < expires || joined > expires+restartPoll+prompt {
-			t.Errorf("the restarted r1 joined at %v; want once the earlier run's session ran out, at %v, within a poll (%v)", joined, expires, restartPoll)
+		if joined < expires || joined > expires+ha.RestartPoll+prompt {
+			t.Errorf("the restarted r1 joined at %v; want once the earlier run's session ran out, at %v, within a poll (%v)", joined, expires, ha.RestartPoll)
 		}
 		g.waitPlacement(three, 10*time.Second)
 		g.ended("r1 2 expired")
