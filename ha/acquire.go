@@ -16,11 +16,11 @@ import (
 const claimWorkers = 2
 
 // fitBytes returns how many of names, at least one, fit in the bytes
-// one Claim takes (Backend.ClaimLimits).
+// one Claim takes (ClaimLimiter).
 func (r *Replica) fitBytes(names []string) int {
 	total := 0
 	for i, name := range names {
-		total += r.be.ClaimCost(name)
+		total += ClaimCostOf(r.be, name)
 		if total > r.maxClaimBytes && i > 0 {
 			return i
 		}
@@ -195,7 +195,7 @@ func (r *Replica) claimChunk(ep *epoch, names []string) (got []Claimed, absent [
 		return nil, nil, ep.ctx.Err()
 	}
 	defer func() { <-ep.sem }()
-	ctx, cancel := r.be.Request(ep.ctx)
+	ctx, cancel := r.request(ep.ctx)
 	defer cancel()
 	return r.be.Claim(ctx, SessionID(ep.lease), names)
 }

@@ -11,76 +11,103 @@ import (
 	"time"
 )
 
-// Backend is one replica's access to its Store: everything the package
-// needs from a store to keep "each name on exactly one live replica",
-// while placement, the fence, the claim slots, events, health, metrics
-// and the placement page stay the package's own. Store in
-// github.com/bgctl/controller/ha/etcd returns a Store of etcd backends,
-// Store in github.com/bgctl/controller/ha/kube one on the Kubernetes API
-// server. A Replica makes its backend once, in
-// [New] (Store.Backend), and is its only caller. Its methods are safe for
-// concurrent use; none starts a goroutine that outlives the call, but
-// Watch, whose goroutines end once its Feed is stopped.
+// Backend is one replica's access to its Store: what the package needs
+// from a store to keep "each name on exactly one live replica", while
+// placement, the fence, the claim slots, events, health, metrics and the
+// placement page stay the package's own. A store is written against this
+// interface and the contract below; the optional capabilities a backend
+// may add (capabilities.go: Request, claim limits, a server check,
+// history, readings' rounding, a hand-over) each have a default. Examples
+// of stores: github.com/bgctl/controller/ha/etcd (a lease per session,
+// a key per record), github.com/bgctl/controller/ha/kube (a Lease object
+// per session, names in bucket Leases), and
+// github.com/bgctl/controller/ha/sim, the in-memory reference store,
+// whose source is the contract in code. A Replica makes its backend
+// once, in [New] (Store.Backend), and is its only caller. Its methods are
+// safe for concurrent use; none starts a goroutine that outlives the
+// call, but Watch, whose goroutines end once its Feed is stopped.
+// github.com/bgctl/controller/ha/hatest holds the conformance suite every
+// store must pass.
 //
-// Sessions: a replica's membership is a session, begun with its member
-// record, renewed while the replica runs, and ended by End, by the store
-// when no renewal came in time, or by anyone else. Every holding the
-// replica makes lives under its session and goes with it. The replica
-// keeps the fence: it counts each validity from a time taken before the
-// request that obtained it (Session.Sent; Renew's caller takes its own),
-// so the fence passes before the store can end the session, provided the
+// # Records
+//
+// A group keeps three kinds of record: one member record per live
+// replica (its ID, the digest of its names, whether it is leaving), one
+// holding per name held (the name, its holder's ID and session), and the
+// chunks of the name sets replicas publish (Publish). Every record but a
+// chunk lives under one session, and goes when that session ends.
+//
+// # Sessions
+//
+// A replica's membership is a session, begun with its member record,
+// renewed while the replica runs, and ended by End, by the store when no
+// renewal came in time, or by anyone else. Every holding the replica
+// makes lives under its session and goes with it. The replica keeps the
+// fence: it counts each validity from a time taken before the request
+// that obtained it (Session.Sent; Renew's caller takes its own), so the
+// fence passes before the store can end the session, provided the
 // backend never answers a validity longer than the store will keep the
 // session (the package documentation, "Why no name runs on two replicas
 // at once").
 //
-// Errors: [ErrSessionEnded] (wrapped) where a method says the store no
-// longer knows the session; [ErrDuplicateID] (wrapped) from Begin;
-// [ErrTooManyOps] and [ErrTooLarge] (wrapped) from Claim; any other error
-// is the store's, transient: the caller tries again.
+// A store without a server-side TTL carries expiry out itself, and
+// answers for it: a session counts as ended only once its validity has
+// run out on a clock that starts after the session's last renewal was
+// committed, and its end must be an act (a write, a delete) that a
+// renewal of the same session cannot also succeed past: both are
+// conditional on the session's last version, so one of the two fails.
+// Where: whichever comes first of the feed's own polling (a feed must
+// deliver an end by the time it delivers a later position) and the
+// readings (PeerLeft, TimeLeft) that find a session due. Kubernetes'
+// observers (a guarded delete of a member Lease seen unchanged for its
+// duration) are one example; a SQL store's is a conditional update or
+// delete on the session row, deciding with the database's clock.
 //
-// Positions: every change of the group's records has a position, one
-// int64 that only grows across the whole group, whichever record it
-// changes: on etcd the revision; on Kubernetes the resourceVersion of the
-// group's Lease objects, which Kubernetes 1.35 made comparable as
-// integers across the objects of one resource type; in SQL a sequence.
-// The replica's view of the group stands at one position, and positions
-// date its holdings (Claim.Revision, Claimed.At) and member records
-// (Session.JoinedAt, the seniority Leader mode elects by): a backend
-// answers positions of that one sequence, never a token per record.
+// # Positions
+//
+// Every change of the group's records has a position, one int64 that
+// only grows across the whole group, whichever record it changes, in the
+// order the changes commit. The replica's view of the group stands at
+// one position, and positions date its holdings (Claim.Revision,
+// Claimed.At) and member records (Session.JoinedAt, the seniority Leader
+// mode elects by): a backend answers positions of that one sequence,
+// never a token per record. Examples: etcd's revision; on Kubernetes the
+// resourceVersion of the group's Lease objects (comparable as integers
+// across the objects of one resource type since 1.35); in SQL a
+// per-group counter row updated inside each write transaction (a
+// SEQUENCE does not do: its numbers are taken before commit, so two
+// transactions may commit in the other order).
+//
+// # Errors
+//
+// [ErrSessionEnded] (wrapped) where a method says the store no longer
+// knows the session; [ErrDuplicateID] (wrapped) from Begin;
+// [ErrTooManyOps] and [ErrTooLarge] (wrapped) from Claim; any other
+// error is the store's, transient: the caller tries again. Every
+// request is bounded by its context; the caller makes the contexts of
+// Claim, Release, Fetch, PeerLeft and its listings with Request.
 type Backend interface {
-	// CheckServers asks the servers the backend reaches which release
-	// they run and logs at Warn, once, the oldest that is too old for the
-	// fence to hold. It returns within Options.RequestTimeout and does
-	// not fail: a server it cannot ask is logged at Debug.
-	CheckServers(ctx context.Context)
-
-	// Request returns the context of one request that the store's
-	// authority must answer (a write, a linearizable read), or one the
-	// replica's listings send (a serializable page at a revision already
-	// read), bounded by Options.RequestTimeout and by parent: a call
-	// made with it whose answer never comes fails, for the replica to try
-	// again. On etcd it also requires a leader, so that a member cut off
-	// from its peers fails it at once and the client tries another.
-	Request(parent context.Context) (context.Context, context.CancelFunc)
-
 	// Begin starts a session of at least ttl and writes this replica's
-	// member record under it, carrying digest (an opaque string): the record
-	// is created if absent; if it is under prev, this replica's previous
-	// session (0: none), it is moved to the new session, only while it is
-	// still under prev. Any other session's record fails begin with an
-	// error wrapping ErrDuplicateID. The new session is valid until at
-	// least Session.Sent + ttl: Sent is taken before the request that
-	// started it. On an error no session is left: Begin ends the one it
-	// started, best effort. Each of its requests is bounded as Request's
-	// are, and by ctx.
+	// member record under it, carrying digest (an opaque string): the
+	// record is created if absent; if it is under prev, this replica's
+	// previous session (0: none), it is moved to the new session, only
+	// while it is still under prev, and the new session's JoinedAt is
+	// the position the record was written at, or found at when the
+	// store moves it without a write. Any other session's record fails
+	// Begin with an error wrapping ErrDuplicateID. The new session is
+	// valid until at least Session.Sent + ttl: Sent is taken before the
+	// first request that started it. On an error no session is left:
+	// Begin ends the one it started, best effort, even when that
+	// request's answer was lost. Each of its requests is bounded by
+	// BackendConfig.RequestTimeout and by ctx.
 	Begin(ctx context.Context, prev SessionID, ttl time.Duration, digest string) (Session, error)
 
 	// Renew renews session id once and answers valid: the session lives
-	// until at least valid past the moment renew was called. The caller
+	// until at least valid past the moment Renew was called. The caller
 	// takes that moment before the call and extends the fence from it by
 	// the shorter of valid and its TTL. ErrSessionEnded: the session
 	// ended, for good. Bounded by ctx alone; it must reach the store's
-	// authority, as Request's requests do.
+	// authority (a write, or a read no replica's cache answers).
 	Renew(ctx context.Context, id SessionID) (valid time.Duration, err error)
 
 	// End ends session id now: its member record and every holding under
@@ -90,23 +117,56 @@ type Backend interface {
 	End(ctx context.Context, id SessionID) error
 
 	// PutMember rewrites this replica's member record, carrying digest
-	// and marked leaving or not, only while it is under
-	// session id: written is false when it is under another session, or
-	// there is none, or id has ended (etcd answers so: its comparison
-	// fails before the write names the lease); a store may answer
-	// ErrSessionEnded instead. Bounded by ctx alone.
+	// and marked leaving or not, only while it is under session id:
+	// written is false when it is under another session, or there is
+	// none; a store may answer ErrSessionEnded instead once id has
+	// ended. Bounded by ctx alone.
 	PutMember(ctx context.Context, id SessionID, digest string, leaving bool) (written bool, err error)
 
 	// EnsureMember writes this replica's member record under session id,
 	// carrying digest, if there is none, and returns the session the
 	// record is under: id when it wrote it or found it under id (left as
 	// it is), or another's, which may be 0 on a store that keeps records
-	// outside any session (etcd: a key put without a lease); found is
+	// outside any session (an etcd key put without a lease); found is
 	// false when it saw no record. ErrSessionEnded: id has ended and
-	// there is no record; when there is one, etcd answers its session
-	// without looking at id, and a store may say ErrSessionEnded instead.
-	// Bounded by ctx alone.
+	// there is no record; when there is one, a store may answer its
+	// session without looking at id, or ErrSessionEnded. Bounded by ctx
+	// alone.
 	EnsureMember(ctx context.Context, id SessionID, digest string) (under SessionID, found bool, err error)
+
+	// MemberSession reads this replica's member record, and returns the
+	// session it is under; found is false when there is none. Bounded by
+	// ctx alone.
+	MemberSession(ctx context.Context) (id SessionID, found bool, err error)
+
+	// TimeLeft reads how long session id of this replica (its own, or
+	// one of an earlier run: restart) lives unless renewed (left), and
+	// the validity of its grant or last renewal (granted). left may be
+	// short by the backend's Rounding (a second by default), never more.
+	// ErrSessionEnded: the session has ended. An earlier run's session
+	// is one this backend never began (another process, with the same
+	// ID, crashed or frozen): a store must read it, never answer
+	// ErrSessionEnded for it while it may live, for the replica waits
+	// in Join until it does and then begins. A store without a server
+	// TTL answers it as PeerLeft does, from its own readings (its first
+	// reading of the session's record starts its count), and carries
+	// out the end before it says ErrSessionEnded; a renewal the earlier
+	// run makes meanwhile moves the end it answers later, which tells
+	// the replica a live duplicate. Bounded by ctx alone.
+	TimeLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
+
+	// PeerLeft reads, as TimeLeft does, how long another member's
+	// session id lives unless renewed, and its validity: the replica
+	// reads it to tell a session that runs out by itself, its holder
+	// silent for half its validity or more, from one that may end early,
+	// and GroupStatus shows it for every member. A store without a
+	// server-side TTL answers from what it saw: granted the validity the
+	// member last wrote, and left that validity less the time since it
+	// saw that write, on its own monotonic clock; ErrSessionEnded once
+	// the end was carried out. left may be short by the backend's
+	// Rounding, never more: the replica holds names until that much past
+	// it (a longer answer only holds them longer). Bounded by ctx alone.
+	PeerLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
 
 	// Claim makes session id the holder of every one of names, all in
 	// one request, if no session holds any of them; when some are held,
@@ -126,72 +186,30 @@ type Backend interface {
 	// free name may come back held by id rather than among the free. A
 	// request the store refuses as too many names fails with
 	// ErrTooManyOps, one too large with ErrTooLarge (wrapped): the
-	// caller halves the batch. ctx bounds it; the caller makes it with
-	// Request, and a backend whose Claim is a write per record may bound
-	// each write by Options.RequestTimeout instead of the whole call,
-	// within ctx's cancellation.
+	// caller halves the batch. Any other error leaves the caller to
+	// claim the same names again: a holding made by a request whose
+	// answer was lost is found id's then. ctx bounds it; the caller
+	// makes it with Request, and a backend whose Claim is a write per
+	// record may bound each write by BackendConfig.RequestTimeout
+	// instead of the whole call, within ctx's cancellation.
 	Claim(ctx context.Context, id SessionID, names []string) (got []Claimed, absent []string, err error)
 
-	// ClaimCost is what one name adds to Claim's request, in bytes,
-	// roughly: the caller keeps a batch within ClaimLimits' bytes.
-	ClaimCost(name string) int
-
-	// ClaimLimits returns how many names, and how many bytes of them
-	// (ClaimCost), one Claim takes at most: the caller's batches stay
-	// within both. A server that takes fewer answers ErrTooManyOps or
-	// ErrTooLarge, and the caller halves its batches.
-	ClaimLimits() (names, bytes int)
-
 	// Release ends holding c of this replica, only while it is that
-	// holding: a name held anew since, by anyone, is left alone. ctx
-	// bounds it; the caller makes it with Request.
+	// holding (its Revision): a name held anew since, by anyone, is left
+	// alone. Its deletion comes in the feed at a position of its own
+	// (Feed). ctx bounds it; the caller makes it with Request.
 	Release(ctx context.Context, c Claim) error
-
-	// MemberSession reads this replica's member record, and returns the
-	// session it is under; found is false when there is none. Bounded by
-	// ctx alone.
-	MemberSession(ctx context.Context) (id SessionID, found bool, err error)
-
-	// TimeLeft reads how long session id of this replica (its own, or
-	// one of an earlier run: restart) lives unless renewed (left), and
-	// the validity of its grant or last renewal (granted). left may be up
-	// to a second short (etcd truncates it to whole seconds).
-	// ErrSessionEnded: the session has ended. An earlier run's session
-	// is one this backend never began (another process, with the same
-	// ID, crashed or frozen): a store must read it, never answer
-	// ErrSessionEnded for it while it may live, for the replica waits
-	// in Join until it does and then begins. A store without a server
-	// TTL answers it as PeerLeft does, from its own readings (its first
-	// reading of the session's record starts its count), and proves the
-	// end before it says ErrSessionEnded; a renewal the earlier run
-	// makes meanwhile moves the end it answers later, which tells the
-	// replica a live duplicate. Bounded by ctx alone.
-	TimeLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
-
-	// PeerLeft reads, as TimeLeft does, how long another member's
-	// session id lives unless renewed, and its validity: the replica
-	// reads it to tell a session that runs out by itself, its holder
-	// silent for half its validity or more, from one that may end early,
-	// and GroupStatus shows it for every member. The readings need
-	// not come from a server-side TTL: a store without one (Kubernetes'
-	// Leases) answers from what its observers saw, granted the validity
-	// the member last wrote and left that validity less the time since
-	// an observer saw the write, on the observer's monotonic clock, and
-	// ErrSessionEnded once an observer proved the session ended. left
-	// may be up to a second short, never more: the replica holds names
-	// until a second past it (a longer answer only holds them longer).
-	// Bounded by ctx alone.
-	PeerLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
 
 	// Publish makes chunks (opaque bytes) this replica's published set of
 	// names with digest, under session id, and then withdraws its set of
-	// digest old; a digest of "" publishes nothing and withdraws every
-	// set of this replica. The others read a set only once every chunk
-	// of it has come, so the chunks may be written one
-	// request each; a call that fails part way is made again whole, and
-	// a chunk written twice changes nothing. ErrSessionEnded: id has
-	// ended. Each of its requests is bounded by Options.RequestTimeout
-	// and by ctx.
+	// digest old: once Publish returns, the set of old is gone unless old
+	// is digest. A digest of "" publishes nothing and withdraws every set
+	// of this replica. The others read a set only once every chunk of it
+	// has come, so the chunks may be written one request each; a call
+	// that fails part way is made again whole, and a chunk written twice
+	// changes nothing. The chunks live under session id and go with it.
+	// ErrSessionEnded: id has ended. Each of its requests is bounded by
+	// BackendConfig.RequestTimeout and by ctx.
 	Publish(ctx context.Context, id SessionID, digest, old string, chunks [][]byte) error
 
 	// Fetch reads the chunks member published of its set with digest,
@@ -202,18 +220,12 @@ type Backend interface {
 	Fetch(ctx context.Context, member, digest string) (chunks []Chunk, at int64, err error)
 
 	// List reads the group as it stands at one position: every member
-	// record, holding and published chunk, as puts (change), and the
+	// record, holding and published chunk, as puts (Change), and the
 	// position. A store may read it in pages, each at that position. Any
 	// error fails it, the position forgotten by the store between pages
 	// included: the caller lists again. ctx bounds it whole, and each of
-	// its requests is bounded by Options.RequestTimeout as well.
+	// its requests is bounded by BackendConfig.RequestTimeout as well.
 	List(ctx context.Context) (records []Change, at int64, err error)
-
-	// HeldAt returns the names held at position at, one the store
-	// answered earlier (Session.JoinedAt). An error when the store
-	// cannot say any more (etcd: the revision compacted). Bounded as
-	// List is.
-	HeldAt(ctx context.Context, at int64) (names map[string]bool, err error)
 
 	// Watch starts the feed of the group's changes after position from
 	// (a listing's; changes at from itself may come again, and change
@@ -222,49 +234,33 @@ type Backend interface {
 	Watch(from int64, wg *sync.WaitGroup) Feed
 }
 
-// Rounding is an optional capability of a Backend: how much short of the
-// time a session really has left its TimeLeft and PeerLeft may answer.
-// A replica counts a silent member's session as ended up to that much
-// after the readings put its end, and so holds its names that much
-// longer before they start elsewhere: a crashed replica's names move
-// that much later. A Backend that does not implement it is taken to
-// answer up to a second short (defaultRounding): etcd truncates the time
-// left to whole seconds. A store whose answers are never short answers
-// 0: on Kubernetes an observer counts a silent member's D from its own
-// receipt of the member's last write, after the write's commit, itself
-// after the send time the member's fence counts from.
-type Rounding interface {
-	// Rounding returns the most by which the backend's TimeLeft and
-	// PeerLeft answer short, 0 or more. It sends nothing.
-	Rounding() time.Duration
-}
-
-// defaultRounding is the Rounding of a Backend that does not say: etcd's
-// whole seconds.
-const defaultRounding = time.Second
-
 // Feed delivers the changes of the group's records, in the order of
 // their positions, in batches (FeedBatch). Its contract, which the
 // replica's rules for a session that ends early rely on:
 //
 //   - Every deletion that a session's end causes (its member record, its
 //     holdings, its chunks) comes in one batch, at one position, never
-//     split between batches: a backend that learns of the end otherwise
-//     than by the store's own deletion (an observer's proof, on
-//     Kubernetes) delivers the deletions it makes of it so.
+//     split between batches: a backend that carries out the end itself
+//     (a store without server TTL) delivers the deletions it makes of it
+//     so.
 //   - A release deletes one holding at a position of its own: two or
 //     more of a replica's own records deleted at one position are its
 //     session's end. A store that releases several
 //     holdings in one write must give each deletion a position of its
 //     own, or the change must come to say which deletions are releases.
 //   - A batch says the feed has delivered every change up to its
-//     position, at: a batch without changes is progress alone.
+//     position, at: a batch without changes is progress alone. An idle
+//     feed owes progress more often than BackendConfig.Window
+//     (BackendConfig.RenewEvery is a good period): a Replica whose feed
+//     delivered nothing for Window reports ErrWatchStalled from Health.
 //
 // A feed that fails delivers one batch with err set and nothing after
 // it: the caller stops it and lists again, after a delay unless err
-// wraps [ErrFeedSilent]. The feed keeps its own health (etcd: progress
-// requests, and a watch silent for longer than BackendConfig.Window given
-// up).
+// wraps [ErrFeedSilent]. A feed whose store forgot the positions it
+// must resume from (etcd's compaction, an API server's 410 Gone) fails
+// so, and the caller's new listing starts it again. The feed keeps its
+// own health: a stream silent for longer than BackendConfig.Window is
+// given up with ErrFeedSilent.
 type Feed interface {
 	// Batches is where the feed delivers; the caller receives from it
 	// until it stops the feed.
@@ -280,7 +276,20 @@ type FeedBatch struct {
 	Err     error    // the feed failed: nothing comes after this batch
 }
 
-// ChangeKind is what a change did.
+// ChangeKind is what a change did, and says which of Change's fields it
+// carries:
+//
+//	MemberPut   Member (the ID), Session, Created (the position that created the record: seniority), Digest, Leaving
+//	MemberGone  Member, Session (the session the record was under)
+//	ClaimPut    Name, Member (the holder's ID), Session, Created (the holding's Revision)
+//	ClaimGone   Name, Member, Session (the holding that went)
+//	ChunkPut    Chunk, its Data set
+//	ChunkGone   Chunk, its Data nil
+//
+// Every change carries At, its position (in a listing, the record's last
+// write's). A member record moved from one session to the next (Begin
+// from prev) is a MemberPut under the new session, whose Created is the
+// new session's JoinedAt.
 type ChangeKind uint8
 
 const (
@@ -293,16 +302,17 @@ const (
 )
 
 // Change is one change of the group's records, or, in a listing, one
-// record as it stands (a put).
+// record as it stands (a put). Which fields a change carries depends on
+// its Kind (ChangeKind).
 type Change struct {
 	Kind ChangeKind
 	At   int64 // the change's position; in a listing, the record's last write's
 	// Member is the member's ID (member changes) or the holder's (claim
-	// puts); Name is the name (claim changes).
+	// changes); Name is the name (claim changes).
 	Member, Name string
-	// Puts of member records and claims: the session the record is
-	// under, and the position that created it (seniority in Leader mode,
-	// Claim.Revision).
+	// Session is the session the record is, or was, under; Created the
+	// position that created it (puts of member records and holdings:
+	// seniority in Leader mode, Claim.Revision).
 	Session SessionID
 	Created int64
 	Digest  string // member puts: the digest of its names ("": an earlier version's record)
@@ -318,8 +328,8 @@ type Chunk struct {
 	Data           []byte
 }
 
-// SessionID names one session of a backend; 0 names none. On etcd it is
-// the lease's ID.
+// SessionID names one session of a backend; 0 names none. Examples: an
+// etcd lease's ID; on Kubernetes a hash of the session's identity.
 type SessionID int64
 
 // Session is one that Backend.Begin started.

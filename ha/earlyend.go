@@ -247,7 +247,7 @@ func (r *Replica) pollLeases(ep *epoch) {
 		r.mu.Unlock()
 		for _, l := range due {
 			sent := time.Now()
-			ctx, cancel := r.be.Request(ep.ctx)
+			ctx, cancel := r.request(ep.ctx)
 			left, granted, err := r.be.PeerLeft(ctx, SessionID(l))
 			cancel()
 			if err != nil {
@@ -352,7 +352,7 @@ func (r *Replica) revokeOld(ep *epoch, old SessionID) {
 	defer ep.wg.Done()
 	wait := retryAfter
 	for {
-		ctx, cancel := r.be.Request(ep.ctx)
+		ctx, cancel := r.request(ep.ctx)
 		err := r.be.End(ctx, SessionID(old))
 		cancel()
 		if err == nil || errors.Is(err, ErrSessionEnded) {

@@ -418,7 +418,7 @@ func (r *Replica) fetchNameSets(ep *epoch, want map[string]string) {
 	defer ep.wg.Done()
 	var sets []fetchedSet
 	for id, d := range want {
-		ctx, cancel := r.be.Request(ep.ctx)
+		ctx, cancel := r.request(ep.ctx)
 		chunks, at, err := r.be.Fetch(ctx, id, d)
 		cancel()
 		if err == nil && len(chunks) > 0 {

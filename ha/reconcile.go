@@ -212,7 +212,7 @@ func (r *Replica) handedBeforeListing(ctx context.Context, ep *epoch) map[string
 	if !settling || rev == 0 {
 		return nil
 	}
-	names, err := r.be.HeldAt(ctx, rev)
+	names, err := r.heldAt(ctx, rev)
 	if err != nil {
 		return nil
 	}
@@ -481,7 +481,7 @@ func (r *Replica) release(ep *epoch, name string, c Claim, terminated chan struc
 		case <-ep.ctx.Done():
 			return
 		}
-		ctx, cancel := r.be.Request(ep.ctx)
+		ctx, cancel := r.request(ep.ctx)
 		err := r.be.Release(ctx, c)
 		cancel()
 		<-ep.sem
@@ -519,7 +519,7 @@ func (r *Replica) rewriteMember(ep *epoch) {
 	defer ep.wg.Done()
 	for {
 		digest := r.digestString()
-		ctx, cancel := r.be.Request(ep.ctx)
+		ctx, cancel := r.request(ep.ctx)
 		under, found, err := r.be.EnsureMember(ctx, SessionID(ep.lease), digest)
 		cancel()
 		if errors.Is(err, ErrSessionEnded) {

@@ -287,11 +287,8 @@ func New(store Store, opts Options) (*Replica, error) {
 		r.abort()
 		return nil, err
 	}
-	r.short = defaultRounding
-	if ro, ok := r.be.(Rounding); ok {
-		r.short = max(ro.Rounding(), 0)
-	}
-	r.maxClaimNames, r.maxClaimBytes = r.be.ClaimLimits()
+	r.short = rounding(r.be)
+	r.maxClaimNames, r.maxClaimBytes = ClaimLimitsOf(r.be)
 	r.claimBatch.Store(int32(r.maxClaimNames))
 	return r, nil
 }
@@ -371,7 +368,9 @@ func (r *Replica) Join(ctx context.Context) error {
 		}
 		return err
 	}
-	r.be.CheckServers(ctx)
+	if sc, ok := r.be.(ServerChecker); ok {
+		sc.CheckServers(ctx)
+	}
 	if r.opts.Mode == Spread && r.opts.Settle > 0 {
 		// Before the loop starts, which alone reads both from here on.
 		r.mu.Lock()

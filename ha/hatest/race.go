@@ -64,7 +64,7 @@ func conformRacingClaims(t *testing.T, st Group) {
 					c.err = fmt.Errorf("%d names still answered free after %d claims: %v", len(pending), round, pending)
 					return
 				}
-				rctx, cancel := c.b.Request(ctx)
+				rctx, cancel := request(ctx, c.b)
 				got, absent, err := c.b.Claim(rctx, c.s.ID, pending)
 				cancel()
 				if err != nil {
@@ -146,7 +146,7 @@ func conformClaimLimits(t *testing.T, st Group) {
 	ctx := context.Background()
 	b, s := beginR0(t, st)
 	defer func() { _ = b.End(ctx, s.ID) }()
-	maxNames, maxBytes := b.ClaimLimits()
+	maxNames, maxBytes := ha.ClaimLimitsOf(b)
 	if maxNames < 1 || maxBytes < 1 {
 		t.Fatalf("ClaimLimits = %d names, %d bytes; want a claim of one name at least to fit", maxNames, maxBytes)
 	}
@@ -154,14 +154,14 @@ func conformClaimLimits(t *testing.T, st Group) {
 	cost := 0
 	for i := 0; len(batch) < min(maxNames, limitProbe); i++ {
 		n := fmt.Sprintf("limit-%05d", i)
-		if cost+b.ClaimCost(n) > maxBytes {
+		if cost+ha.ClaimCostOf(b, n) > maxBytes {
 			break
 		}
 		batch = append(batch, n)
-		cost += b.ClaimCost(n)
+		cost += ha.ClaimCostOf(b, n)
 	}
 	claim := func(names []string) ([]ha.Claimed, []string, error) {
-		rctx, cancel := b.Request(ctx)
+		rctx, cancel := request(ctx, b)
 		defer cancel()
 		return b.Claim(rctx, s.ID, names)
 	}
@@ -241,4 +241,17 @@ func conformReadingsWithinRounding(t *testing.T, st Group) {
 		read("peerLeft", reader.PeerLeft)
 		time.Sleep(TTL / 8)
 	}
+}
+
+// requestTimeout bounds the cases' requests on a backend that does not
+// bound them itself (ha.Requester).
+const requestTimeout = 5 * time.Second
+
+// request returns the context of one request on b, as a Replica makes
+// it: b's own (ha.Requester), or bounded by requestTimeout.
+func request(parent context.Context, b ha.Backend) (context.Context, context.CancelFunc) {
+	if rq, ok := b.(ha.Requester); ok {
+		return rq.Request(parent)
+	}
+	return context.WithTimeout(parent, requestTimeout)
 }
