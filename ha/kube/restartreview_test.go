@@ -17,12 +17,12 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-
-	"github.com/bgctl/controller/ha"
-
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+
+	controller "github.com/bgctl/controller"
+	"github.com/bgctl/controller/ha"
 )
 
 // A replica restarted under its ID in a group where no other replica
@@ -262,5 +262,149 @@ func TestRestartReviewJoinAfterALateWriteAndARacingProofIsNoDuplicate(t *testing
 		t.Errorf("the restarted replica's Join, its earlier run crashed: %v; want it to join", err)
 	} else if err != nil {
 		t.Fatalf("Join: %v", err)
+	}
+}
+
+// A second process started under the ID of a live replica (a real
+// duplicate, not a restart), at D = 4s and at the default-like D = 15s
+// (renewals every (TTL − Margin)/4, readings every 500ms), fails Join
+// with ErrDuplicateID within a few renewals, never waiting for D; and the
+// live replica's session is never ended by the duplicate's readings: its
+// fence never passes, and it keeps its lease.
+func TestRestartReviewLiveDuplicateIsRefusedAndLeftAlone(t *testing.T) {
+	t.Parallel()
+	c := needCluster(t)
+	for _, d := range []time.Duration{4 * time.Second, 15 * time.Second} {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			g := newTestGroupOf(t, c, 16, d, nil)
+			newReplica := func() *ha.Replica {
+				log := logrus.New()
+				log.SetLevel(logrus.WarnLevel)
+				r, err := ha.New(Store(replicaConfig(c, nil), replicaNamespace, StoreOptions{Buckets: 16}), ha.Options{Prefix: g.name, ID: "r", TTL: d, Logger: log})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			live := newReplica()
+			defer func() { _ = live.Close() }()
+			events := live.Events(t.Context())
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if err := live.Join(ctx); err != nil {
+				t.Fatal(err)
+			}
+			dup := newReplica()
+			defer func() { _ = dup.Close() }()
+			start := time.Now()
+			err := dup.Join(ctx)
+			took := time.Since(start)
+			t.Logf("the duplicate's Join: %v, after %v (D = %v)", err, took.Round(time.Millisecond), d)
+			if !errors.Is(err, ha.ErrDuplicateID) {
+				t.Fatalf("the duplicate's Join: %v, want ErrDuplicateID", err)
+			}
+			if took >= d {
+				t.Errorf("the duplicate was told after %v, a whole D (%v): its readings would have proven a live session ended", took, d)
+			}
+			time.Sleep(d) // a D more of the live replica, renewing
+			for {
+				select {
+				case e := <-events:
+					if e.Kind == ha.FencePassed || e.Kind == ha.LeaseLost {
+						t.Errorf("the live replica: %v (%v)", e.Kind, e.Err)
+					}
+					continue
+				default:
+				}
+				break
+			}
+			if err := live.Health(); err != nil {
+				t.Errorf("the live replica's health: %v", err)
+			}
+		})
+	}
+}
+
+// A replica restarted under its ID whose earlier run is frozen, not
+// crashed, right after a renewal, and whose member Lease an
+// administrator deletes by hand (kubectl delete) after the restarted
+// run's first reading stamped an older version of it: the restarted run
+// finds the Lease gone and joins at once (nothing to wait for, on the
+// record), but starts none of the earlier run's names before the
+// validity of that run's last renewal, whose fence may still be open.
+func TestRestartReviewLeaseDeletedByHandStartsNoNameEarly(t *testing.T) {
+	t.Parallel()
+	const d = 4 * time.Second
+	c := needCluster(t)
+	g := newTestGroupOf(t, c, 16, d, nil)
+	earlier := newKubeBackend(g, "r", slog.New(slog.DiscardHandler), nil, 5*time.Second)
+	s, err := earlier.begin(t.Context(), 0, d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := earlier.claim(t.Context(), s.id, []string{"job"}); err != nil || len(got) != 1 || !got[0].ok {
+		t.Fatalf("the earlier run's claim of job: %v, %v", got, err)
+	}
+	admin := c.admin.CoordinationV1().Leases(replicaNamespace)
+	mg := &memberGets{path: "/apis/coordination.k8s.io/v1/namespaces/" + replicaNamespace + "/leases/" + g.memberName("r")}
+	cfg := replicaConfig(c, nil)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		c.track(&http.Client{Transport: rt})
+		mg.rt = rt
+		return mg
+	}
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: 16}), ha.Options{Prefix: g.name, ID: "r", TTL: d, Settle: -1, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Close() }()
+	started := make(chan time.Time, 1)
+	if err := r.UpdateController("job", controller.ControllerParams{DoFunc: func(ctx context.Context) error {
+		select {
+		case started <- time.Now():
+		default:
+		}
+		<-ctx.Done()
+		return nil
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	joined := make(chan error, 1)
+	go func() { // joined below, through joined
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		joined <- r.Join(ctx)
+	}()
+	for {
+		mg.mu.Lock()
+		n := len(mg.recv)
+		mg.mu.Unlock()
+		if n >= 2 { // memberSession, then the first reading, which stamps the version
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	renewed := time.Now()
+	if _, err := earlier.renew(t.Context(), s.id); err != nil { // its last: then it freezes
+		t.Fatal(err)
+	}
+	if err := admin.Delete(t.Context(), g.memberName("r"), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-joined; err != nil {
+		t.Fatalf("Join: %v", err)
+	}
+	joinedAt := time.Since(renewed)
+	select {
+	case at := <-started:
+		t.Logf("joined %v and started job %v after the earlier run's last renewal (D = %v)", joinedAt.Round(time.Millisecond), at.Sub(renewed).Round(time.Millisecond), d)
+		if at.Before(renewed.Add(d)) {
+			t.Errorf("the restarted run started job %v after the earlier run's last renewal, before its validity (%v) ran out", at.Sub(renewed), d)
+		}
+	case <-time.After(4*d + 5*time.Second):
+		t.Fatal("the restarted run never started job")
 	}
 }
