@@ -150,9 +150,12 @@ type Backend interface {
 	// in Join until it does and then begins. A store without a server
 	// TTL answers it as PeerLeft does, from its own readings (its first
 	// reading of the session's record starts its count), and carries
-	// out the end before it says ErrSessionEnded; a renewal the earlier
-	// run makes meanwhile moves the end it answers later, which tells
-	// the replica a live duplicate. Bounded by ctx alone.
+	// out the end before it says ErrSessionEnded, or finds the record
+	// gone (another replica's proof, or a delete by hand, after which
+	// the store holds the session's names until it counts the session
+	// ended, as it would for any member); a renewal the earlier run
+	// makes meanwhile moves the end it answers later, which tells the
+	// replica a live duplicate. Bounded by ctx alone.
 	TimeLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
 
 	// PeerLeft reads, as TimeLeft does, how long another member's

@@ -63,8 +63,10 @@ type Options struct {
 	// is the better choice where there is one: a replica that restarts
 	// under it after a crash waits in Join for its old session to end
 	// (at most about TTL, on every store: Replica.Join), and the names
-	// it held come back to it; with the default, the old member and its
-	// names linger until that session ends, and the names may move
+	// it held come back to it (the others may run them for a moment
+	// first: they may see the old session end before the restarted
+	// replica begins); with the default, the old member and
+	// its names linger until that session ends, and the names may move
 	// twice.
 	ID string
 

@@ -921,9 +921,12 @@ func conformFeed(t *testing.T, st Group) {
 // until it has ended, never before the validity of its last renewal
 // (the call of renew + valid) has run out, and at most about a TTL and
 // the store's slack later; then it begins. This is what Replica.Join's
-// wait relies on: it begins once TimeLeft says ErrSessionEnded. The
-// restarted replica reads alone: no other replica watches the group (a
-// group of one replica, restarted).
+// wait relies on: it begins once TimeLeft says ErrSessionEnded. No
+// other replica of the case's own watches the group (a group of one
+// replica, restarted); a harness that runs a watcher beside every case
+// (Kubernetes') may have it prove the end first, so a store must test
+// its restarted replica's own proof alone as well
+// (ha/kube: TestRestartReviewRunAloneProvesItsEarlierSessionEnded).
 func conformRestartSilent(t *testing.T, st Group) {
 	ctx := context.Background()
 	earlier, s := beginR0(t, st)

@@ -624,7 +624,9 @@ func (b *kubeBackend) began(id sessionID) bool {
 // until that stamp + D (left, of granted D), and once the version is due
 // the observer deletes the Lease on condition of it (expire), which
 // proves the session ended: errSessionEnded, and begin may create the
-// Lease anew. A version written since (the earlier run renews: it is a
+// Lease anew; its read or delete finding the Lease gone meanwhile
+// (another replica's observer proved the end first) is errSessionEnded
+// too, as the first read finding it gone is, never a later end. A version written since (the earlier run renews: it is a
 // live duplicate, not a crashed run) is stamped anew, so left moves
 // later by the time between the writes, which ha's restart wait counts
 // as a renewal. The Lease found gone, of another session, or marked
@@ -663,6 +665,15 @@ func (b *kubeBackend) earlierLeft(ctx context.Context, id sessionID) (left, gran
 		return 0, 0, err
 	} else if ended {
 		return 0, 0, fmt.Errorf("%w: session %x: proven ended by this replica's observer", errSessionEnded, int64(id))
+	}
+	if _, stamped := b.o.stampOf(identity); !stamped {
+		// expire's read, or its delete, found the Lease gone or of
+		// another session (another replica's observer proved the end
+		// first): errSessionEnded, as the read above finding it so. The
+		// observer counts the session ending from that read, which is
+		// no later end of a live session: answered as left, D past the
+		// one answered before, ha would count it a renewal.
+		return 0, 0, fmt.Errorf("%w: session %x: %s was found gone as this replica's observer proved its end", errSessionEnded, int64(id), name)
 	}
 	left, granted, known, ended := b.o.leftOf(id, time.Now())
 	if ended || !known {
