@@ -67,8 +67,11 @@
 // alone. A watch answered 410 Gone (the versions it asked for compacted
 // away, as happens without the API server's watch cache after a stall
 // longer than etcd's compaction interval) makes the replicas list
-// again; names run on through it. DESIGN.md has the measurements and
-// the tests.
+// again; names run on through it. On a busy API server, apply
+// deploy/flowcontrol.yaml beside deploy/rbac.yaml: the replicas' Lease
+// requests then have a priority level of their own, which other clients'
+// floods cannot fill; a 429's Retry-After is waited out within the
+// renewal. DESIGN.md has the measurements and the tests.
 //
 // # What users run today, measured
 //
