@@ -403,6 +403,9 @@ func (p *procReplicas) startInCluster(id, root string) {
 	if !ok {
 		p.t.Fatalf("no port in %s", p.c.api.url)
 	}
+	if out, err := exec.Command("unshare", "--mount", "--propagation", "private", "--", "true").CombinedOutput(); err != nil {
+		p.t.Fatalf("a process as in a Pod needs a mount namespace of its own (root, and unshare on PATH): %v: %s", err, out)
+	}
 	k := &kid{id: id, exited: make(chan struct{})}
 	k.cmd = exec.Command("unshare", "--mount", "--propagation", "private", "--",
 		"sh", "-c", `mount --bind "$0" /run && exec "$@"`, root, os.Args[0], "-test.run=^$")
