@@ -66,7 +66,7 @@
 // of other Leases: the replicas list and watch theirs by label selector
 // alone. A watch answered 410 Gone (the versions it asked for compacted
 // away, as happens without the API server's watch cache after a stall
-// longer than etcd's compaction interval) makes the replicas list
+// of more than a compaction interval or two) makes the replicas list
 // again; names run on through it. On a busy API server, apply
 // deploy/flowcontrol.yaml beside deploy/rbac.yaml: the replicas' Lease
 // requests then have a priority level of their own, which other clients'
