@@ -180,9 +180,10 @@ func waitRenewed(t testing.TB, c *cluster, namespace, group, what string, ids ..
 
 // Three replicas whose rest.Config holds a token and names the file it
 // came from, as rest.InClusterConfig makes it, each file a projected
-// volume of its own: twice, each file is rewritten with a new token and
-// the old one is revoked at once, before client-go's own minute-long
-// cache of the file would have read it again. No request of theirs is
+// volume of its own: three times, each file is rewritten with a new
+// token (twice as the kubelet does, then in place) and the old one is
+// revoked at once, before client-go's own minute-long cache of the file
+// would have read it again. No request of theirs is
 // refused, each renews its session with the new token, no fence passes,
 // and every name runs on where it ran.
 func TestReplicasKeepWorkingWhenTheirTokenRotates(t *testing.T) {
@@ -219,10 +220,14 @@ func TestReplicasKeepWorkingWhenTheirTokenRotates(t *testing.T) {
 	starts := g.runs.starts
 	g.runs.mu.Unlock()
 
-	for round := range 2 {
+	for round := range 3 {
 		for _, id := range ids {
 			token, revoke := boundToken(t, g.c)
-			if err := volumes[id].write(map[string]string{"token": token}); err != nil {
+			write := func() error { return volumes[id].write(map[string]string{"token": token}) }
+			if round == 2 { // the file itself rewritten in place, as a program other than the kubelet may
+				write = func() error { return os.WriteFile(filepath.Join(volumes[id].dir, "token"), []byte(token), 0o644) }
+			}
+			if err := write(); err != nil {
 				t.Fatal(err)
 			}
 			revokes[id]()
