@@ -131,14 +131,14 @@ func (c *cluster) track(hc *http.Client) {
 	c.httpClients = append(c.httpClients, hc)
 }
 
-// startCluster starts the releases asked for (kubetest.Start) and the
-// tests' clients.
-func startCluster() (c *cluster, err error) {
+// startCluster starts the releases asked for (kubetest.Start), the
+// kube-apiserver with apiFlags added to its own, and the tests' clients.
+func startCluster(apiFlags ...string) (c *cluster, err error) {
 	release, err := wantedKube()
 	if err != nil {
 		return nil, err
 	}
-	servers, err := kubetest.Start(release, *etcdVersion)
+	servers, err := kubetest.Start(release, *etcdVersion, apiFlags...)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +155,23 @@ func startCluster() (c *cluster, err error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// newCluster starts, for test t alone, an etcd and a kube-apiserver of
+// their own, the kube-apiserver with apiFlags added to its own (settings
+// the shared cluster must not take, as other tests run on it), and stops
+// them when t ends.
+func newCluster(t testing.TB, apiFlags ...string) *cluster {
+	t.Helper()
+	needCluster(t) // the binaries are built
+	start := time.Now()
+	c, err := startCluster(apiFlags...)
+	if err != nil {
+		t.Fatalf("a cluster of the test's own (%v): %v", apiFlags, err)
+	}
+	t.Cleanup(c.stop)
+	t.Logf("a kube-apiserver of the test's own, %v, ready in %v", apiFlags, time.Since(start).Round(10*time.Millisecond))
+	return c
 }
 
 // client returns a clientset that authenticates with token and trusts the

@@ -55,6 +55,24 @@
 // both on free loopback ports. A test that needs them fails, never skips,
 // when they cannot be had; -kube.version picks another release.
 //
+// # In a production cluster
+//
+// In a Pod, make cfg with rest.InClusterConfig. The store reads the
+// projected ServiceAccount token again as soon as the kubelet rewrites
+// it, and sends what the file holds: a token revoked right after its
+// replacement costs nothing (client-go alone reads the file once a
+// minute, and would send the revoked token until then, failing every
+// renewal). The group's Leases may share their namespace with any number
+// of other Leases: the replicas list and watch theirs by label selector
+// alone. A watch answered 410 Gone (the versions it asked for compacted
+// away, as happens without the API server's watch cache after a stall
+// of more than a compaction interval or two) makes the replicas list
+// again; names run on through it. On a busy API server, apply
+// deploy/flowcontrol.yaml beside deploy/rbac.yaml: the replicas' Lease
+// requests then have a priority level of their own, which other clients'
+// floods cannot fill; a 429's Retry-After is waited out within the
+// renewal. DESIGN.md has the measurements and the tests.
+//
 // # What users run today, measured
 //
 // The backend's figures are to stand beside those of client-go's

@@ -50,6 +50,12 @@ type childConfig struct {
 	Tag    string
 	Names  []string
 	Leader bool // Options.Mode Leader, else Spread
+	// InCluster: the child reaches the API server as a Pod does, with
+	// rest.InClusterConfig (its environment and the ServiceAccount files
+	// under /var/run/secrets/kubernetes.io/serviceaccount), and keeps its
+	// group in the namespace those files name; Host, Token and CAFile
+	// are unused.
+	InCluster bool
 	// Fenced DoFuncs write the group's data Lease (dataLease) every
 	// 20ms through fencedWrite, ignoring their context, and report
 	// each outcome; they report no runs. Otherwise a DoFunc runs until
@@ -77,6 +83,7 @@ func dataLease(group string) string { return group + "-data" }
 //	begin <name> <seq>     a run starts; it waits for "<seq>" on stdin
 //	end <name>             the run has ended
 //	claim <name> <token>   a fenced DoFunc's Claim
+//	fence <err>            the replica's fence passed
 //	write ok <token> | write refused <token> <mark> | write conflict | write error <err>
 //	error <err>            the child gives up
 //
@@ -115,16 +122,36 @@ func childMain(raw string) {
 		<-ack
 	}
 	cfg := &rest.Config{Host: cc.Host, BearerToken: cc.Token, TLSClientConfig: rest.TLSClientConfig{CAFile: cc.CAFile}, QPS: 1000, Burst: 1000}
+	namespace := replicaNamespace
+	if cc.InCluster {
+		var err error
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			fail(err)
+		}
+		cfg.QPS, cfg.Burst = 1000, 1000
+		ns, err := os.ReadFile(serviceAccountDir + "/namespace")
+		if err != nil {
+			fail(err)
+		}
+		namespace = strings.TrimSpace(string(ns))
+	}
 	log := logrus.New() // to stderr, which the test shows when it fails
 	log.SetLevel(logrus.WarnLevel)
 	opts := ha.Options{Prefix: cc.Group, ID: cc.ID, TTL: replicaTTL, Settle: 500 * time.Millisecond, Logger: log}
 	if cc.Leader {
 		opts.Mode = ha.Leader
 	}
-	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: 16}), opts)
+	r, err := ha.New(Store(cfg, namespace, StoreOptions{Buckets: 16}), opts)
 	if err != nil {
 		fail(err)
 	}
+	go func() { // ends with the process
+		for ev := range r.Events(context.Background()) {
+			if ev.Kind == ha.FencePassed {
+				say("fence %v", ev.Err)
+			}
+		}
+	}()
 	var leases coordinationv1client.LeaseInterface
 	if cc.Fenced {
 		cl, err := coordinationv1client.NewForConfig(cfg)
@@ -368,15 +395,51 @@ func (p *procReplicas) start(id string, leader, fenced bool) {
 func (p *procReplicas) startAs(tag, id string, leader, fenced bool) {
 	p.t.Helper()
 	k := &kid{id: tag, proxy: newBlackHole(p.t, strings.TrimPrefix(p.c.api.url, "https://")), exited: make(chan struct{})}
-	raw, err := json.Marshal(childConfig{
+	k.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	p.run(k, childConfig{
 		Host: "https://" + k.proxy.addr(), Token: p.c.api.replicaToken, CAFile: p.c.api.caFile,
 		Group: p.group, ID: id, Tag: tag, Names: p.names, Leader: leader, Fenced: fenced,
 	})
+}
+
+// serviceAccountDir is where rest.InClusterConfig reads a Pod's
+// ServiceAccount token and CA, and where a Pod finds its namespace.
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// startInCluster starts child id as a replica of the group that runs as
+// in a Pod: in a mount namespace of its own, where root is mounted on
+// /run (the target of /var/run), so that root's
+// secrets/kubernetes.io/serviceaccount is serviceAccountDir, and with the
+// environment the kubelet gives a Pod for the API server's Service, here
+// the server itself. It needs root, and unshare and mount on PATH.
+func (p *procReplicas) startInCluster(id, root string) {
+	p.t.Helper()
+	host, port, ok := strings.Cut(strings.TrimPrefix(p.c.api.url, "https://"), ":")
+	if !ok {
+		p.t.Fatalf("no port in %s", p.c.api.url)
+	}
+	if out, err := exec.Command("unshare", "--mount", "--propagation", "private", "--", "true").CombinedOutput(); err != nil {
+		p.t.Fatalf("a process as in a Pod needs a mount namespace of its own (root, and unshare on PATH): %v: %s", err, out)
+	}
+	k := &kid{id: id, exited: make(chan struct{})}
+	k.cmd = exec.Command("unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", `mount --bind "$0" /run && exec "$@"`, root, os.Args[0], "-test.run=^$")
+	k.cmd.Env = append(os.Environ(), "KUBERNETES_SERVICE_HOST="+host, "KUBERNETES_SERVICE_PORT="+port)
+	p.run(k, childConfig{Group: p.group, ID: id, Names: p.names, InCluster: true})
+}
+
+// run starts k's command, made by the caller, as child k.id (cc.Tag, or
+// cc.ID when it has no tag).
+func (p *procReplicas) run(k *kid, cc childConfig) {
+	p.t.Helper()
+	raw, err := json.Marshal(cc)
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	k.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	k.cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	if k.cmd.Env == nil {
+		k.cmd.Env = os.Environ()
+	}
+	k.cmd.Env = append(k.cmd.Env, childEnv+"="+string(raw))
 	k.cmd.ExtraFiles = []*os.File{p.reportW}
 	k.cmd.Stderr = &k.log
 	if k.stdin, err = k.cmd.StdinPipe(); err != nil {
@@ -387,7 +450,7 @@ func (p *procReplicas) startAs(tag, id string, leader, fenced bool) {
 	if err := k.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}
-	p.kids[tag] = k
+	p.kids[k.id] = k
 	go func() { // joined by reap or the cleanup, through exited
 		_ = k.cmd.Wait()
 		close(k.exited)

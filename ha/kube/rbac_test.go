@@ -5,8 +5,10 @@ package kube
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -64,6 +66,40 @@ func applyManifest(t testing.TB, c *cluster) {
 
 // manifestMu makes the tests' applyManifest calls one at a time.
 var manifestMu sync.Mutex
+
+// newManifestNamespace makes a namespace of its own for a test, named
+// prefix and a random suffix, and applies the manifest's Role and
+// RoleBinding in it, binding the manifest's ServiceAccount (which stays in
+// replicaNamespace): the replicas' credentials reach its Leases, and no
+// other test's Leases share it. It returns the namespace once the
+// replicas may create Leases there.
+func newManifestNamespace(t testing.TB, c *cluster, prefix string) string {
+	t.Helper()
+	applyManifest(t, c) // the ServiceAccount
+	ns := prefix + "-" + strings.ToLower(rand.Text()[:8])
+	ctx := t.Context()
+	if err := kubetest.Apply(ctx, c.admin.CoreV1().Namespaces(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range readManifest(t) {
+		var err error
+		switch o := obj.(type) {
+		case *rbacv1.Role:
+			o.Namespace = ns
+			err = kubetest.Apply(ctx, c.admin.RbacV1().Roles(ns), o)
+		case *rbacv1.RoleBinding:
+			o.Namespace = ns
+			err = kubetest.Apply(ctx, c.admin.RbacV1().RoleBindings(ns), o)
+		}
+		if err != nil {
+			t.Fatalf("applying %s's %T in %s: %v", manifest, obj, ns, err)
+		}
+	}
+	if err := kubetest.WaitAllowed(ctx, c.replica, ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
 
 // replicaMay asks the server, as the replicas, whether they may do verb
 // to resource of group in namespace.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/rest"
 
 	controller "github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
@@ -183,10 +184,31 @@ type kubeReplicas struct {
 	// holes are the black holes some replicas reach the API server
 	// through, by ID: set before their join.
 	holes map[string]*blackHole
+	// namespace is where the group's Leases live: replicaNamespace if
+	// "". Set before the first join.
+	namespace string
+	// wrap, if set, wraps replica id's transport beneath its cut (it
+	// sees what crosses the cut): set before the join.
+	wrap func(id string, rt http.RoundTripper) http.RoundTripper
+	// config, if set, returns replica id's client configuration in place
+	// of replicaConfig's: set before the join.
+	config func(id string) *rest.Config
+
+	// fences counts the FencePassed events of every replica joined, and
+	// events owns the goroutines that read them: one per replica, ending
+	// when its Events channel closes, after the replica stopped. The
+	// cleanup closes every replica, then joins them.
+	fences atomic.Int64
+	events sync.WaitGroup
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
-	c := needCluster(t)
+	return newKubeReplicasOn(t, needCluster(t), names)
+}
+
+// newKubeReplicasOn returns a group of replicas on cluster c, with names
+// names registered on each.
+func newKubeReplicasOn(t *testing.T, c *cluster, names int) *kubeReplicas {
 	applyManifest(t, c)
 	g := &kubeReplicas{t: t, c: c, group: "r" + strings.ToLower(rand.Text()[:10]), runs: newRuns(),
 		cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
@@ -197,6 +219,7 @@ func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
 		for _, r := range g.rs {
 			_ = r.Close()
 		}
+		g.events.Wait()
 		g.runs.mu.Lock()
 		defer g.runs.mu.Unlock()
 		if g.runs.overlaps != 0 {
@@ -210,14 +233,23 @@ func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
 func (g *kubeReplicas) join(id string) *ha.Replica {
 	g.t.Helper()
 	cfg := replicaConfig(g.c, nil)
+	if g.config != nil {
+		cfg = g.config(id)
+	}
 	if h := g.holes[id]; h != nil {
 		cfg.Host = "https://" + h.addr()
 	}
 	ct := &cut{}
-	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { ct.rt = rt; return ct }
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		if g.wrap != nil {
+			rt = g.wrap(id, rt)
+		}
+		ct.rt = rt
+		return ct
+	}
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
-	r, err := ha.New(Store(cfg, replicaNamespace, StoreOptions{Buckets: cmp.Or(g.buckets, 16)}), ha.Options{
+	r, err := ha.New(Store(cfg, cmp.Or(g.namespace, replicaNamespace), StoreOptions{Buckets: cmp.Or(g.buckets, 16)}), ha.Options{
 		Prefix: g.group, ID: id, TTL: cmp.Or(g.ttl, replicaTTL), Settle: 500 * time.Millisecond, Logger: log, Mode: g.mode,
 	})
 	if err != nil {
@@ -232,9 +264,19 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 			g.t.Fatalf("UpdateController(%s, %s): %v", id, n, err)
 		}
 	}
+	events := r.Events(context.Background()) // closed once r has stopped
+	g.events.Go(func() {
+		for ev := range events {
+			if ev.Kind == ha.FencePassed {
+				g.fences.Add(1)
+				g.t.Logf("replica %s: fence passed: %v", id, ev.Err)
+			}
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := r.Join(ctx); err != nil {
+		_ = r.Close()
 		g.t.Fatalf("Join(%s): %v", id, err)
 	}
 	g.cuts[id], g.rs[id] = ct, r

@@ -34,7 +34,16 @@ type StoreOptions struct {
 // leases only (get, list, watch, create, update, delete) in namespace:
 // deploy/rbac.yaml. Renewals go through a client with a rate limiter of
 // their own, so that claim writes never hold one back; claims, reads and
-// the watch use cfg's QPS and Burst.
+// the watch use cfg's QPS and Burst. Every list and watch selects the
+// group's Leases by label: other Leases in namespace are never read.
+//
+// A token file cfg names (BearerTokenFile, as rest.InClusterConfig sets
+// it) is read again as soon as it changes, and each request carries
+// what it holds then: a Pod's ServiceAccount token, which the kubelet
+// rewrites, is used from its rewrite on, even if the old one is revoked
+// at once (client-go alone reads the file once a minute). Store copies
+// no token out of cfg; a request made while the file cannot be read goes
+// as client-go makes it.
 func Store(cfg *rest.Config, namespace string, o StoreOptions) ha.Store {
 	return store{cfg: cfg, namespace: namespace, o: o}
 }
@@ -55,11 +64,12 @@ func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if s.namespace == "" {
 		return nil, fmt.Errorf("%w: the namespace must not be empty", ha.ErrInvalidOptions)
 	}
-	hc, err := rest.HTTPClientFor(s.cfg)
+	cfg := withTokenFile(s.cfg)
+	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kube: the HTTP client: %w", err)
 	}
-	leases, renewals, err := leaseClients(s.cfg, hc, s.namespace)
+	leases, renewals, err := leaseClients(cfg, hc, s.namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +80,7 @@ func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if err := checkInfixes("member ID", c.ID, false); err != nil {
 		return nil, fmt.Errorf("%w: %w", ha.ErrInvalidOptions, err)
 	}
-	cl, err := coordinationv1client.NewForConfigAndClient(s.cfg, hc)
+	cl, err := coordinationv1client.NewForConfigAndClient(cfg, hc)
 	if err != nil {
 		return nil, fmt.Errorf("kube: the version client: %w", err)
 	}

@@ -21,9 +21,10 @@ type Servers struct {
 }
 
 // Start builds (once per release, into the user cache directory) and
-// starts etcd etcdRelease and kube-apiserver release, trying three times,
+// starts etcd etcdRelease and kube-apiserver release, with apiFlags added
+// to the kube-apiserver's own flags (StartAPIServer), trying three times,
 // as a free port may be taken meanwhile. Stop stops them.
-func Start(release, etcdRelease string) (*Servers, error) {
+func Start(release, etcdRelease string, apiFlags ...string) (*Servers, error) {
 	etcdBin, err := EtcdBinary(etcdRelease)
 	if err != nil {
 		return nil, err
@@ -34,7 +35,7 @@ func Start(release, etcdRelease string) (*Servers, error) {
 	}
 	var errs []error
 	for range 3 {
-		s, err := startOnce(release, etcdRelease, etcdBin, apiBin)
+		s, err := startOnce(release, etcdRelease, etcdBin, apiBin, apiFlags)
 		if err == nil {
 			return s, nil
 		}
@@ -43,7 +44,7 @@ func Start(release, etcdRelease string) (*Servers, error) {
 	return nil, errors.Join(errs...)
 }
 
-func startOnce(release, etcdRelease, etcdBin, apiBin string) (s *Servers, err error) {
+func startOnce(release, etcdRelease, etcdBin, apiBin string, apiFlags []string) (s *Servers, err error) {
 	base := ""
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
 		base = "/dev/shm" // etcd fsyncs every write: memory is faster than a disk
@@ -61,7 +62,7 @@ func startOnce(release, etcdRelease, etcdBin, apiBin string) (s *Servers, err er
 	if s.EtcdURL, s.Etcd, err = StartEtcd(etcdBin, etcdRelease, dir); err != nil {
 		return nil, err
 	}
-	if s.API, err = StartAPIServer(apiBin, release, s.EtcdURL, dir); err != nil {
+	if s.API, err = StartAPIServer(apiBin, release, s.EtcdURL, dir, apiFlags...); err != nil {
 		return nil, err
 	}
 	return s, nil
