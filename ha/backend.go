@@ -85,7 +85,9 @@ import (
 // [ErrTooManyOps] and [ErrTooLarge] (wrapped) from Claim; any other
 // error is the store's, transient: the caller tries again. Every
 // request is bounded by its context; the caller makes the contexts of
-// Claim, Release, Fetch, PeerLeft and its listings with Request.
+// Claim, Release, Fetch and PeerLeft with Request (Requester, or
+// RequestTimeout alone); List's context bounds the whole listing, and
+// the store bounds each of its requests by RequestTimeout itself.
 type Backend interface {
 	// Begin starts a session of at least ttl and writes this replica's
 	// member record under it, carrying digest (an opaque string): the
