@@ -92,3 +92,55 @@ func TestReviewExactReadingsOfALiveDuplicateAreRenewals(t *testing.T) {
 		}
 	})
 }
+
+// A paused replica, read silent by the others (its lease not renewed for
+// half its TTL), whose session the store then ends early: on a store of
+// exact readings (Rounding 0) its names wait, past its fence, until the
+// readings put its session's end, and not a second more; none runs on two
+// replicas at once.
+func TestReviewExactReadingsHoldAnEarlyEndedSilentMembersNames(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		var rec sim.Recorder
+		store := exactStore{&st}
+		replicas := map[string]*ha.Replica{}
+		for _, id := range []string{"r0", "r1", "r2"} {
+			replicas[id] = join(t, store, &rec, id)
+		}
+		time.Sleep(5 * time.Second)
+		var moved []string
+		for _, name := range controllerNames {
+			if replicas["r1"].Running(name) {
+				moved = append(moved, name)
+			}
+		}
+		if len(moved) == 0 {
+			t.Fatal("r1 runs nothing")
+		}
+		st.Pause("r1")
+		expires, _ := st.Expires("r1")
+		time.Sleep(ttl * 3 / 4)
+		ended := time.Now()
+		if err := st.EndSession("r1"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * ttl)
+		for _, name := range moved {
+			runs := rec.Runs(name)
+			if len(runs) < 2 {
+				t.Errorf("%s: runs %+v; want a run elsewhere", name, runs)
+				continue
+			}
+			if start := runs[len(runs)-1].Start; start.Before(expires) {
+				t.Errorf("%s started elsewhere %v before r1's session would have run out (ended early %v before)", name, expires.Sub(start), expires.Sub(ended))
+			} else if start.After(expires.Add(time.Second / 2)) {
+				t.Errorf("%s started elsewhere %v after r1's session would have run out; want the readings' end", name, start.Sub(expires))
+			}
+		}
+		st.Resume("r1")
+		time.Sleep(2 * ttl)
+		if o := rec.Overlaps(); len(o) > 0 {
+			t.Errorf("ran twice at once: %v", o)
+		}
+	})
+}
