@@ -67,8 +67,9 @@ type ServerChecker interface {
 // (etcd: the revision compacted; a store that prunes its change log: a
 // position before the oldest kept). Bounded as List is. A replica that
 // joins reads it to claim at once the names others handed to it while it
-// settled; without it (the Kubernetes API server keeps no history) it
-// claims them after Options.Settle.
+// settled; without it, or when HeldAt answers an error (ha/kube's always
+// does: the Kubernetes API server keeps no history), it claims them
+// after Options.Settle.
 type HistoryReader interface {
 	HeldAt(ctx context.Context, at int64) (names map[string]bool, err error)
 }
