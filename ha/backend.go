@@ -85,7 +85,9 @@ import (
 // [ErrTooManyOps] and [ErrTooLarge] (wrapped) from Claim; any other
 // error is the store's, transient: the caller tries again. Every
 // request is bounded by its context; the caller makes the contexts of
-// Claim, Release, Fetch, PeerLeft and its listings with Request.
+// Claim, Release, Fetch and PeerLeft with Request (Requester, or
+// RequestTimeout alone); List's context bounds the whole listing, and
+// the store bounds each of its requests by RequestTimeout itself.
 type Backend interface {
 	// Begin starts a session of at least ttl and writes this replica's
 	// member record under it, carrying digest (an opaque string): the
@@ -142,7 +144,8 @@ type Backend interface {
 	// TimeLeft reads how long session id of this replica (its own, or
 	// one of an earlier run: restart) lives unless renewed (left), and
 	// the validity of its grant or last renewal (granted). left may be
-	// short by the backend's Rounding (a second by default), never more.
+	// short by the backend's Rounding (a second by default), never more,
+	// of a session the store has seen every renewal of (see Rounding).
 	// ErrSessionEnded: the session has ended. An earlier run's session
 	// is one this backend never began (another process, with the same
 	// ID, crashed or frozen): a store must read it, never answer
@@ -167,8 +170,11 @@ type Backend interface {
 	// member last wrote, and left that validity less the time since it
 	// saw that write, on its own monotonic clock; ErrSessionEnded once
 	// the end was carried out. left may be short by the backend's
-	// Rounding, never more: the replica holds names until that much past
-	// it (a longer answer only holds them longer). Bounded by ctx alone.
+	// Rounding, never more, once the store has seen the session's last
+	// renewal (one it reads from a lagging feed may be short of a renewal
+	// it has not seen: see Rounding): the replica holds names until that
+	// much past it (a longer answer only holds them longer). Bounded by
+	// ctx alone.
 	PeerLeft(ctx context.Context, id SessionID) (left, granted time.Duration, err error)
 
 	// Claim makes session id the holder of every one of names, all in

@@ -67,8 +67,9 @@ type ServerChecker interface {
 // (etcd: the revision compacted; a store that prunes its change log: a
 // position before the oldest kept). Bounded as List is. A replica that
 // joins reads it to claim at once the names others handed to it while it
-// settled; without it (the Kubernetes API server keeps no history) it
-// claims them after Options.Settle.
+// settled; without it, or when HeldAt answers an error (ha/kube's always
+// does: the Kubernetes API server keeps no history), it claims them
+// after Options.Settle.
 type HistoryReader interface {
 	HeldAt(ctx context.Context, at int64) (names map[string]bool, err error)
 }
@@ -80,10 +81,16 @@ type HistoryReader interface {
 // longer before they start elsewhere: a crashed replica's names move
 // that much later. A Backend that does not implement it is taken to
 // answer up to a second short (defaultRounding): etcd truncates the time
-// left to whole seconds. A store whose answers are never short answers
-// 0: on Kubernetes an observer counts a silent member's D from its own
-// receipt of the member's last write, after the write's commit, itself
-// after the send time the member's fence counts from.
+// left to whole seconds. A store whose answers of a silent session are
+// never short answers 0: on Kubernetes an observer counts a silent
+// member's D from its own receipt of the member's last write, after the
+// write's commit, itself after the send time the member's fence counts
+// from. A store whose readings come from a feed may answer short of a
+// renewal it has not seen yet, by more than any rounding (Kubernetes'
+// do, while the feed lags); it must then never delete a session's
+// records, nor let a Claim take its names, on a reading, only once its
+// own proof or clock counts the session ended (ha/kube's observer), so
+// that ha's hold is not what keeps a holder that renewed unseen safe.
 type Rounding interface {
 	// Rounding returns the most by which the backend's TimeLeft and
 	// PeerLeft answer short, 0 or more. It sends nothing.

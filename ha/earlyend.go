@@ -277,7 +277,9 @@ func (r *Replica) pollLeases(ep *epoch) {
 // etcd answers the time left in whole seconds, truncated: a reading sent
 // at s and received at v that says n means the lease runs out in [s + n,
 // v + n + 1s), if nobody renews it; in general [s + n, v + n + short),
-// short the backend's Rounding (0 on Kubernetes). Readings that agree (their ranges
+// short the backend's Rounding (0 on Kubernetes), and [s + n, v + n]
+// when short is 0: an exact reading may put the end at v + n itself, and
+// at one instant when answered the instant it was sent (meets). Readings that agree (their ranges
 // meet) narrow the range to their intersection; one that does not was
 // made after a renewal, and starts a new range. A sample, at TTL 2s, of a
 // lease last renewed at 10.00s and never again, read every 94ms once
@@ -296,10 +298,31 @@ type leaseAnswer struct {
 // of granted, up to short short of the truth, after a.
 func (a leaseAnswer) next(sent, recv time.Time, ttl, granted, short time.Duration) leaseAnswer {
 	b := leaseAnswer{sent: sent, recv: recv, ttl: ttl, granted: granted, short: short, lo: sent.Add(ttl), hi: recv.Add(ttl + short)}
-	if lo, hi := later(a.lo, b.lo), earlier(a.hi, b.hi); !a.sent.IsZero() && lo.Before(hi) {
+	if lo, hi := later(a.lo, b.lo), earlier(a.hi, b.hi); !a.sent.IsZero() && a.meets(lo, hi) {
 		b.lo, b.hi = lo, hi // the same expiry: no renewal between the readings
 	}
 	return b
+}
+
+// meets reports whether [lo, hi) is a range the end may lie in, two
+// readings' ranges intersected: not empty; or, when the readings are
+// exact (short 0), the one instant both put the end at. An exact
+// reading answered the instant it was sent (a clock coarser than the
+// request, a bubble's) puts the end at sent + ttl = recv + ttl itself,
+// and every reading of an unrenewed session after it puts it there too:
+// taken as empty, each would look like a renewal, and a crashed run like
+// a live duplicate (awaitPreviousIncarnation).
+func (a leaseAnswer) meets(lo, hi time.Time) bool {
+	return lo.Before(hi) || (a.short == 0 && lo.Equal(hi))
+}
+
+// after reports whether b's range lies wholly past a's: the end moved
+// between the readings, a renewal.
+func (a leaseAnswer) after(b leaseAnswer) bool {
+	if a.short == 0 && b.short == 0 {
+		return b.lo.After(a.hi)
+	}
+	return !b.lo.Before(a.hi)
 }
 
 func later(a, b time.Time) time.Time {

@@ -59,7 +59,7 @@ func (r *Replica) awaitPreviousIncarnation(ctx context.Context) error {
 			return nil // it ran out, and the key with it
 		case err == nil:
 			next := last.next(sent, recv, left, granted, r.short)
-			if !last.sent.IsZero() && !next.lo.Before(last.hi) {
+			if !last.sent.IsZero() && last.after(next) {
 				renewals++
 			}
 			last = next

@@ -254,6 +254,28 @@ type watching struct {
 	mu   sync.Mutex
 	seen []ha.Change // guarded by mu: every change delivered, in order
 	err  error       // guarded by mu: the feed's failure, if it failed
+	n    int         // guarded by mu: how many batches take took in
+}
+
+// taken returns how many batches the feed has delivered.
+func (w *watching) taken() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// next waits until the feed has delivered a batch past the first n, or
+// for limit.
+func (w *watching) next(n int, limit time.Duration) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	for w.taken() <= n {
+		select {
+		case <-w.more:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // watchGroup lists the group through b and starts b's feed from the
@@ -282,6 +304,7 @@ func (w *watching) take() {
 		w.mu.Lock()
 		w.seen = append(w.seen, fb.Changes...)
 		w.err = fb.Err
+		w.n++
 		w.mu.Unlock()
 		select {
 		case w.more <- struct{}{}:

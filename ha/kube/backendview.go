@@ -399,10 +399,14 @@ func (b *kubeBackend) heldAt(context.Context, int64) (map[string]bool, error) {
 // (stamping each, as a read) and looks again.
 //
 // left is never short of when this observer would count the session
-// ended, which is later than the holder's own validity by the time its
-// last renewal took from send to receipt: ha's lease poller holds a
-// name no longer than the reading says, so the holder's fence has
-// passed by then.
+// ended if no version it has not seen yet came, which is later than the
+// holder's validity by the time the holder's last renewal the observer
+// saw took from send to receipt. A renewal it has not seen (a feed that
+// lags) makes left short of the holder's validity, by up to the time
+// between the writes (TestRoundingReviewPeerLeftIsShortOfAnUnseenRenewal);
+// the observer finds that renewal by its quorum read before it counts
+// the session ended, and nothing frees the session's names before it
+// does (seam.Rounding).
 func (b *kubeBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
 	for try := 0; ; try++ {
 		left, granted, known, ended := b.o.leftOf(id, time.Now())

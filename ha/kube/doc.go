@@ -152,7 +152,8 @@
 // A crash or a partition moves names TTL after the others last saw the
 // replica's Lease change (its last renewal, up to a renewal period before
 // the crash), plus their watch's latency: the observers' proof is all
-// the wait, for this store's readings are never short (ha.Rounding 0),
+// the wait, for this store's readings of a silent session are never
+// short, and no reading frees a name here (ha.Rounding 0),
 // and the second ha allows for etcd's whole-second rounding does not
 // apply (it did until this measurement: 16.29s / 16.55s / 16.72s and
 // 5.31s / 5.41s / 5.46s). The difference with client-go is in what the

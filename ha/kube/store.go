@@ -212,13 +212,25 @@ func (s seam) MemberSession(ctx context.Context) (ha.SessionID, bool, error) {
 	return ha.SessionID(id), found, seamErr(err)
 }
 
-var _ ha.Rounding = seam{} // its readings are never short
+var _ ha.Rounding = seam{} // a silent session's readings are never short
 
 // Rounding is 0: timeLeft and peerLeft count D from a receipt of the
-// member Lease's last version, after that write's commit, itself after
-// the send time its holder's fence counts from; so a silent member's
-// names start elsewhere as soon as the readings put its end, without
-// the second etcd's whole-second truncation needs.
+// member Lease's last version they know of, after that write's commit,
+// itself after the send time its holder's fence counts from; so a
+// silent member's names start elsewhere as soon as the readings put its
+// end, without the second etcd's whole-second truncation needs.
+//
+// A renewal the observer has not seen yet (its feed stalled, or not
+// there yet) is not counted: peerLeft read then puts the end at the
+// version before's stamp, short of the holder's validity by up to the
+// time between the two writes, and of its fence too
+// (TestRoundingReviewPeerLeftIsShortOfAnUnseenRenewal). No reading frees
+// a name here: a session's records leave the view, and a Claim takes
+// its names, only once this replica's observer counts it ended, on its
+// own proof or D after a time past the commit of the session's last
+// renewal (observer), whatever ha's hold says
+// (TestRoundingReviewShortReadingStartsNoNameEarly); ha's allowance
+// would only delay the names further.
 func (seam) Rounding() time.Duration { return 0 }
 
 func (s seam) TimeLeft(ctx context.Context, id ha.SessionID) (time.Duration, time.Duration, error) {
