@@ -49,6 +49,11 @@ type Group struct {
 	// session started meanwhile: on etcd, the answer to its grant; on
 	// Kubernetes, to the create of its member Lease.
 	SlowBegin func(d time.Duration)
+	// Compact has the store forget the group's history before its
+	// current position, as etcd's compaction or a pruned change log
+	// does; nil on a store that keeps no history to lose (NoHistory) or
+	// offers no such hook, whose case is then skipped, saying so.
+	Compact func()
 	// LoseBegin loses the answer to the next Begin, whose requests the
 	// store carried out: on etcd, the answer to its member record's
 	// write; on Kubernetes, to the create of its member Lease.
@@ -69,6 +74,7 @@ var cases = []Case{
 	{"RacingClaimersEachWinANameOnce", conformRacingClaims},
 	{"ClaimWithinTheDeclaredLimitsIsTaken", conformClaimLimits},
 	{"ReadingsAreShortByNoMoreThanTheRounding", conformReadingsWithinRounding},
+	{"LostHistoryFailsHeldAtAndTheFeedThatNeedsIt", conformLostHistory},
 	{"BeginRenewEnd", conformBeginRenewEnd},
 	{"DuplicateIDRefusedWhileLive", conformDuplicateID},
 	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},

@@ -260,3 +260,60 @@ func request(parent context.Context, b ha.Backend) (context.Context, context.Can
 	}
 	return context.WithTimeout(parent, requestTimeout)
 }
+
+// A store that has forgotten the history before a position (Compact:
+// etcd's compaction, a pruned change log) says so, never guesses: HeldAt
+// of an earlier position fails, and a feed still behind that position
+// fails (one batch with its error, nothing after), where a replica lists
+// the group again and starts a new feed from the listing, which then
+// delivers the changes after it. A feed that stood at the current
+// position goes on delivering.
+func conformLostHistory(t *testing.T, st Group) {
+	if st.Compact == nil {
+		t.Skip("the Group offers no Compact hook: a store that keeps no history has none to lose")
+	}
+	ctx := context.Background()
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	got, _, err := a.Claim(ctx, sa.ID, []string{"x"})
+	if err != nil || len(got) != 1 || !got[0].Mine {
+		t.Fatalf("claim of x = %+v, %v", got, err)
+	}
+	_, behind, err := a.List(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	if err := a.Release(ctx, ha.Claim{Name: "x", Revision: got[0].Revision}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Claim(ctx, sa.ID, []string{"y"}); err != nil {
+		t.Fatal(err)
+	}
+	caught := watchGroup(t, a) // at the current position: caught up
+	defer caught.stop()
+	st.Compact()
+	if h, ok := a.(ha.HistoryReader); ok {
+		if names, err := h.HeldAt(ctx, sa.JoinedAt); err == nil {
+			t.Errorf("heldAt(%d), a position before the compaction = %v; want an error", sa.JoinedAt, names)
+		}
+	}
+	var wg sync.WaitGroup
+	f := a.Watch(behind, &wg)
+	select {
+	case b := <-f.Batches():
+		if b.Err == nil {
+			t.Errorf("a feed from position %d, before the compaction, delivered %+v; want its failure", behind, b)
+		}
+	case <-time.After(5 * TTL):
+		t.Errorf("a feed from position %d, before the compaction, delivered nothing in %v; want its failure", behind, 5*TTL)
+	}
+	f.Stop()
+	wg.Wait()
+	relisted := watchGroup(t, a)
+	defer relisted.stop()
+	if _, _, err := a.Claim(ctx, sa.ID, []string{"z"}); err != nil {
+		t.Fatal(err)
+	}
+	relisted.await(t, "z held, after the relist", func(c ha.Change) bool { return c.Kind == ha.ClaimPut && c.Name == "z" })
+	caught.await(t, "z held, on the feed that was caught up at the compaction", func(c ha.Change) bool { return c.Kind == ha.ClaimPut && c.Name == "z" })
+}

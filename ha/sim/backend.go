@@ -347,6 +347,9 @@ func (b *Backend) HeldAt(ctx context.Context, at int64) (names map[string]bool, 
 	ctx, cancel := b.Request(ctx)
 	defer cancel()
 	err = b.call(ctx, OpHeldAt, func(time.Time) error {
+		if at < b.st.compact {
+			return fmt.Errorf("%w: position %d, before %d", ErrCompacted, at, b.st.compact)
+		}
 		names = map[string]bool{}
 		for name, h := range b.st.claims {
 			if h.created <= at {

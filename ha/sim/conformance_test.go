@@ -26,6 +26,7 @@ func TestBackendConformanceMemory(t *testing.T) {
 					Early:     time.Nanosecond,
 					SlowBegin: func(d time.Duration) { st.DelayAnswer("", sim.OpBegin, d) },
 					LoseBegin: func() { st.LoseAnswer("", sim.OpBegin) },
+					Compact:   st.Compact,
 				})
 			})
 		})

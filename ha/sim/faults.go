@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/bgctl/controller/ha"
@@ -251,4 +252,24 @@ func (b *Backend) waitLinkLocked(ctx context.Context, op Op, what string) error 
 			return fmt.Errorf("sim: %s's %s %s: %w", b.cfg.ID, op, what, err)
 		}
 	}
+}
+
+// ErrCompacted is wrapped by the error of HeldAt, and of a feed, asked
+// about a position whose history [Store.Compact] forgot.
+var ErrCompacted = errors.New("sim: the position's history was compacted")
+
+// Compact forgets the group's history before the current position, as
+// etcd's compaction or a change log's pruning does: HeldAt of an earlier
+// position fails, wrapping [ErrCompacted], and so does every feed that
+// has not delivered up to the current position yet (one batch with the
+// error, then nothing): its replica lists the group again and starts a
+// new feed from there, as on a real store. A feed caught up goes on.
+func (s *Store) Compact() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	s.compact = s.rev
+	s.log = slices.DeleteFunc(s.log, func(b ha.FeedBatch) bool { return b.At <= s.compact })
+	s.past = slices.DeleteFunc(s.past, func(h pastHolding) bool { return h.to <= s.compact })
+	s.wakeLocked()
 }

@@ -4,6 +4,8 @@
 package sim
 
 import (
+	"fmt"
+	"sort"
 	"time"
 
 	"github.com/bgctl/controller/ha"
@@ -33,7 +35,6 @@ func (f *feed) Stop() {
 // the feeds then and not at the next request.
 func (b *Backend) deliver(f *feed, from int64) {
 	s := b.st
-	next := 0 // the log's index of the next batch to look at
 	delivered := time.Now()
 	every := b.cfg.RenewEvery
 	for {
@@ -44,14 +45,16 @@ func (b *Backend) deliver(f *feed, from int64) {
 		var batch ha.FeedBatch
 		ready := false
 		wait, expiring := s.nextExpiryLocked(now)
-		if blocked, _ := b.linkLocked(); !blocked {
-			for next < len(s.log) && s.log[next].At <= from {
-				next++
-			}
+		if blocked, _ := b.linkLocked(); !blocked && from < s.compact {
+			// What the feed had yet to deliver is forgotten.
+			batch, ready = ha.FeedBatch{At: from, Err: fmt.Errorf("%w: the feed stood at position %d, before %d", ErrCompacted, from, s.compact)}, true
+		} else if !blocked {
+			// The log's first batch after from: found by position, as
+			// Compact drops the log's head.
+			next := sort.Search(len(s.log), func(i int) bool { return s.log[i].At > from })
 			switch progressDue := delivered.Add(every); {
 			case next < len(s.log):
 				batch, ready = s.log[next], true
-				next++
 			case !now.Before(progressDue):
 				batch, ready = ha.FeedBatch{At: s.rev}, true
 			case !expiring || progressDue.Sub(now) < wait:
@@ -68,6 +71,11 @@ func (b *Backend) deliver(f *feed, from int64) {
 			case <-f.quit:
 				return
 			}
+			if batch.Err != nil {
+				<-f.quit // a failed feed delivers nothing more
+				return
+			}
+			from = max(from, batch.At)
 			continue
 		}
 		var timer *time.Timer

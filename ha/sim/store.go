@@ -45,7 +45,8 @@ type Store struct {
 	claims   map[string]holding        // holdings, by name
 	chunks   map[chunkKey]chunk        // published chunks
 	past     []pastHolding             // every holding that ended, in order, for HeldAt
-	log      []ha.FeedBatch            // every write's changes, a batch per position, for the feeds
+	log      []ha.FeedBatch            // every write's changes, a batch per position, for the feeds, from the position after compacted
+	compact  int64                     // the history before this position is forgotten (Compact): HeldAt and feeds from earlier fail
 	ended    []SessionEnd              // every session ended, in order
 	requests map[Op]int                // requests that reached the store, by operation
 	backends map[string][]*Backend     // every backend made, by replica ID
