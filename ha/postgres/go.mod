@@ -3,13 +3,14 @@ module github.com/bgctl/controller/ha/postgres
 go 1.26.0
 
 require (
+	github.com/bgctl/controller v0.1.0
 	github.com/bgctl/controller/ha v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/bgctl/controller v0.1.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

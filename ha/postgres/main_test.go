@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 )
 
 // testServer is the server every test of the package runs against.
@@ -32,7 +33,16 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer testServer.stop()
-	return m.Run()
+	code := m.Run()
+	if code == 0 {
+		// Every pool closed, every feed stopped: nothing of the tests'
+		// may run on.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL: goroutines left running after the tests: %v\n", err)
+			return 1
+		}
+	}
+	return code
 }
 
 // newPool returns a pool on the test server of at most conns
