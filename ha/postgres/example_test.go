@@ -38,7 +38,7 @@ func ExampleStore() {
 		if err != nil {
 			panic(err)
 		}
-		defer r.Leave(context.Background()) //nolint:errcheck // a replica that left already answers its first Leave's error
+		defer func() { _ = r.Leave(context.Background()) }()
 		for _, name := range names {
 			_ = r.UpdateController(name, controller.ControllerParams{
 				DoFunc: func(ctx context.Context) error { <-ctx.Done(); return nil },
