@@ -6,6 +6,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -30,14 +31,18 @@ func beginIn(t *testing.T, schema string) error {
 	return err
 }
 
+// newSchema returns a schema name no other test of the run uses.
+func newSchema(what string) string { return fmt.Sprintf("%s_%d", what, groupSeq.Add(1)) }
+
 // A user who runs schema.sql themselves, as their migrations would, gets
 // the tables the store works on.
 func TestSchemaFileMadeByHandIsUsed(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t, 2)
 	ctx := context.Background()
+	schema := newSchema("by_hand")
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, stmt := range []string{"CREATE SCHEMA by_hand", "SET LOCAL search_path TO by_hand", SchemaSQL} {
+		for _, stmt := range []string{"CREATE SCHEMA " + schema, "SET LOCAL search_path TO " + schema, SchemaSQL} {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return err
 			}
@@ -47,7 +52,7 @@ func TestSchemaFileMadeByHandIsUsed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("running schema.sql by hand: %v", err)
 	}
-	if err := beginIn(t, "by_hand"); err != nil {
+	if err := beginIn(t, schema); err != nil {
 		t.Fatalf("a store on the schema made by hand: %v", err)
 	}
 }
@@ -56,15 +61,16 @@ func TestSchemaFileMadeByHandIsUsed(t *testing.T) {
 // schema and both versions, before anything is written.
 func TestSchemaOfAnotherVersionIsRefused(t *testing.T) {
 	t.Parallel()
-	if err := beginIn(t, "versioned"); err != nil {
+	schema := newSchema("versioned")
+	if err := beginIn(t, schema); err != nil {
 		t.Fatal(err)
 	}
 	pool := newPool(t, 2)
-	if _, err := pool.Exec(context.Background(), "UPDATE versioned.schema_version SET version = 99"); err != nil {
+	if _, err := pool.Exec(context.Background(), "UPDATE "+schema+".schema_version SET version = 99"); err != nil {
 		t.Fatal(err)
 	}
-	err := beginIn(t, "versioned")
-	if err == nil || !strings.Contains(err.Error(), `schema "versioned" holds tables of version 99`) || !strings.Contains(err.Error(), "needs version 1") {
+	err := beginIn(t, schema)
+	if err == nil || !strings.Contains(err.Error(), `schema "`+schema+`" holds tables of version 99`) || !strings.Contains(err.Error(), "needs version 1") {
 		t.Errorf("a store on tables of version 99: %v; want them refused, naming the schema and both versions", err)
 	}
 }
