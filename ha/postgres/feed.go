@@ -13,6 +13,7 @@ import (
 	"github.com/bgctl/controller/ha"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const (
@@ -75,12 +76,19 @@ func (b *backend) follow(ctx context.Context, f *feed, from int64) error {
 	if err := b.st.ready(ctx); err != nil {
 		return err
 	}
-	pc, err := b.st.pool.Acquire(ctx)
-	if err != nil {
+	var pc *pgxpool.Conn
+	if err := b.query(ctx, func(ctx context.Context) (err error) {
+		pc, err = b.st.pool.Acquire(ctx) // bounded: a pool user code exhausted fails the feed
+		return err
+	}); err != nil {
 		return err
 	}
 	conn := pc.Hijack() // closed below: a LISTENing connection never goes back to the pool
-	defer func() { _ = conn.Close(context.Background()) }()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), b.cfg.RequestTimeout)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
 	if err := b.query(ctx, func(ctx context.Context) error {
 		_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.st.schema}.Sanitize())
 		return err

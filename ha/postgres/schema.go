@@ -29,8 +29,8 @@ const SchemaVersion = 1
 // held for the transaction, so that two never create the tables at
 // once.
 func (s *store) ready(ctx context.Context) error {
-	s.setupOnce.Lock()
-	defer s.setupOnce.Unlock()
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
 	if s.setupDone {
 		return nil
 	}

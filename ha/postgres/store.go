@@ -85,8 +85,8 @@ type store struct {
 	// Begin: an answer held back, or lost.
 	afterBegin func() error
 
-	setupOnce sync.Mutex // held while the schema is checked
-	setupDone bool       // guarded by setupOnce: the schema was checked
+	setupMu   sync.Mutex // held while the schema is checked
+	setupDone bool       // guarded by setupMu: the schema was checked
 }
 
 // newStore is Store, with an error for invalid options.
