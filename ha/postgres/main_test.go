@@ -52,7 +52,14 @@ func run(m *testing.M) int {
 // connections, closed when t ends.
 func newPool(t testing.TB, conns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testServer.DSN)
+	return newPoolOn(t, testServer.DSN, conns)
+}
+
+// newPoolOn returns a pool on the server dsn names, of at most conns
+// connections, closed when t ends.
+func newPoolOn(t testing.TB, dsn string, conns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,9 +28,11 @@ var pgBin = flag.String("pg.bin", "", "directory of PostgreSQL's initdb and post
 
 // pgServer is a PostgreSQL server a test run started.
 type pgServer struct {
-	dir  string    // the temporary directory: data, socket, log
-	cmd  *exec.Cmd // the postmaster
-	DSN  string    // a URL of its database postgres, as user postgres, over TCP
+	dir  string              // the temporary directory: data, socket, log
+	bin  string              // the directory of initdb and postgres
+	cred *syscall.Credential // the user it runs as; nil: this process's
+	cmd  *exec.Cmd           // the postmaster running, nil once shut down
+	DSN  string              // a URL of its database postgres, as user postgres, over TCP
 	Port int
 }
 
@@ -64,21 +66,30 @@ func startPostgres() (*pgServer, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
-	if err != nil {
-		_ = os.RemoveAll(dir)
+	s.bin, s.cred = bin, cred
+	if err := s.start(); err != nil {
+		s.stop()
 		return nil, err
+	}
+	return s, nil
+}
+
+// start starts the postmaster on the cluster and port of s, and returns
+// once it accepts a connection.
+func (s *pgServer) start() error {
+	logf, err := os.OpenFile(filepath.Join(s.dir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
 	}
 	defer logf.Close()
 	// fsync off: a test server loses nothing it needs in a crash of the
 	// machine; synchronous_commit stays on, as the store assumes.
-	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(s.Port), "-k", dir,
+	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), "-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.Port), "-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=400", "-c", "fsync=off", "-c", "shared_buffers=32MB")
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting postgres: %w", err)
+		return fmt.Errorf("starting postgres: %w", err)
 	}
 	s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.Port)
 	deadline := time.Now().Add(30 * time.Second)
@@ -88,13 +99,12 @@ func startPostgres() (*pgServer, error) {
 		if err == nil {
 			_ = c.Close(ctx)
 			cancel()
-			return s, nil
+			return nil
 		}
 		cancel()
 		if time.Now().After(deadline) {
-			s.stop()
-			log, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
-			return nil, fmt.Errorf("postgres did not accept a connection in 30s: %v\n%s", err, log)
+			log, _ := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
+			return fmt.Errorf("postgres did not accept a connection in 30s: %v\n%s", err, log)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -148,21 +158,29 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// stop shuts the server down fast (SIGINT), and removes its directory.
-func (s *pgServer) stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGINT)
-		done := make(chan struct{})
-		go func() { // joined below, or abandoned with the killed process
-			_ = s.cmd.Wait()
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-done
-		}
+// shutdown shuts the postmaster down fast (SIGINT: every connection
+// ended, no wait for clients), and waits for it, killing it after 10s.
+func (s *pgServer) shutdown() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan struct{})
+	go func() { // joined below, by <-done
+		_ = s.cmd.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-done
+	}
+	s.cmd = nil
+}
+
+// stop shuts the server down fast, and removes its directory.
+func (s *pgServer) stop() {
+	s.shutdown()
 	_ = os.RemoveAll(s.dir)
 }
