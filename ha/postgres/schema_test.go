@@ -92,6 +92,9 @@ func TestStoreOptionsRefusedByName(t *testing.T) {
 			t.Errorf("newStore(%+v) = %v; want an error naming %s", tc.o, err, tc.want)
 		}
 	}
+	if _, err := ha.New(Store(pool, StoreOptions{Schema: "Bad-Name"}), ha.Options{Prefix: "g", ID: "r0"}); err == nil || !strings.Contains(err.Error(), `Schema "Bad-Name"`) {
+		t.Errorf("ha.New on a store of a bad schema name: %v; want an error naming it", err)
+	}
 	st := Store(pool, StoreOptions{})
 	if _, err := st.Backend(ha.BackendConfig{ID: "r0"}); err == nil || !strings.Contains(err.Error(), "Prefix") {
 		t.Errorf("a backend without a group: %v; want an error naming Options.Prefix", err)

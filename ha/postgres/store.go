@@ -60,15 +60,22 @@ var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // first backend creates the schema if missing, and checks its version.
 // The pool serves the backends' requests, and one connection per
 // replica for its feed (LISTEN), held as long as the feed runs: size it
-// for that. It panics if o is invalid (a Schema that is not a plain
-// identifier, a negative duration): a mistake in the program.
+// for that. When pool is nil or o is invalid (a Schema that is not a
+// plain identifier, a negative duration), the store's Backend, and so
+// ha.New, fails with an error naming the culprit.
 func Store(pool *pgxpool.Pool, o StoreOptions) ha.Store {
 	st, err := newStore(pool, o)
 	if err != nil {
-		panic(err)
+		return invalidStore{err}
 	}
 	return st
 }
+
+// invalidStore is the Store of invalid options: its Backend fails.
+type invalidStore struct{ err error }
+
+// Backend returns the error the options were refused with.
+func (s invalidStore) Backend(ha.BackendConfig) (ha.Backend, error) { return nil, s.err }
 
 // store is the ha.Store Store returns.
 type store struct {
