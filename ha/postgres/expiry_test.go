@@ -99,3 +99,42 @@ func TestRenewalAndExpiryInEitherOrder(t *testing.T) {
 		}
 	})
 }
+
+// A write transaction of the store frozen with the group's row locked (a
+// replica paused inside a write) holds the group's other writes off for
+// about its RequestTimeout at most: the server ends it, idle.
+func TestFrozenWriteHoldsTheGroupOffBriefly(t *testing.T) {
+	t.Parallel()
+	st, err := newStore(newPool(t, 4), StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	group := newGroup("frozenwrite")
+	frozenB := st.backend(ha.BackendConfig{Group: group, ID: "r0", TTL: 5 * time.Second, RequestTimeout: time.Second})
+	if err := frozenB.write(ctx, func(context.Context, *writeTx) error { return nil }); err != nil {
+		t.Fatal(err) // the group's row made
+	}
+	tx, err := st.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	w := &writeTx{tx: tx, b: frozenB}
+	if err := w.lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now() // from here the transaction sends nothing
+	other := st.backend(ha.BackendConfig{Group: group, ID: "r1", TTL: 5 * time.Second})
+	bctx, cancel := context.WithTimeout(ctx, 6*time.Second)
+	defer cancel()
+	s, err := other.Begin(bctx, 0, 5*time.Second, "d")
+	if err != nil {
+		t.Fatalf("a begin while another replica's write is frozen: %v", err)
+	}
+	defer func() { _ = other.End(ctx, s.ID) }()
+	if waited := time.Since(frozen); waited > 3*time.Second {
+		t.Errorf("the begin waited %v for the frozen write; want about its RequestTimeout, 1s", waited)
+	}
+	t.Logf("the begin waited %v for the frozen write (RequestTimeout 1s)", time.Since(frozen).Round(10*time.Millisecond))
+}

@@ -33,8 +33,15 @@ func splitClaimKey(c ha.Claim) (schema, group string, ok bool) {
 }
 
 const (
-	sqlHeldSession = `SELECT s.id FROM {s}.sessions s JOIN {s}.claims c ON c.session = s.id AND c.grp = $1 AND c.name = $2 AND c.created = $3 WHERE s.expires_at > clock_timestamp() FOR KEY SHARE OF s`
-	sqlHeldClaim   = `SELECT 1 FROM {s}.claims WHERE grp = $1 AND name = $2 AND created = $3 AND session = $4 FOR KEY SHARE`
+	// sqlHeldSession locks the holding's session and, in the same
+	// statement (no pause of the client can fall between the two),
+	// bounds how long the transaction may sit idle to the session's TTL
+	// in ms, unless a shorter bound is set already.
+	sqlHeldSession = `SELECT s.id, CASE WHEN b.setting::bigint = 0 OR b.setting::bigint > s.ttl_us / 1000
+	THEN 'unbounded' END
+FROM {s}.sessions s JOIN {s}.claims c ON c.session = s.id AND c.grp = $1 AND c.name = $2 AND c.created = $3,
+	pg_settings b WHERE b.name = 'idle_in_transaction_session_timeout' AND s.expires_at > clock_timestamp() FOR KEY SHARE OF s`
+	sqlHeldClaim = `SELECT 1 FROM {s}.claims WHERE grp = $1 AND name = $2 AND created = $3 AND session = $4 FOR KEY SHARE`
 )
 
 // Held checks, inside the caller's transaction tx, that claim (what
@@ -46,7 +53,12 @@ const (
 // Held commits before any other replica can hold the name. An error
 // wrapping ErrNotHeld when it is not held; then roll tx back. A renewal
 // does not wait for tx; the session's expiry and the others' takeover
-// of its names do, so keep tx short. Under REPEATABLE READ or
+// of its names do, so keep tx short. So that a process frozen inside tx
+// (SIGSTOP, a long pause) cannot hold the takeover off for good, Held
+// bounds the time tx may sit idle, waiting for its client, to the
+// session's TTL (SET LOCAL idle_in_transaction_session_timeout, unless
+// a shorter bound is set): past it the server ends the connection, tx
+// with it, and nothing tx wrote commits. Under REPEATABLE READ or
 // SERIALIZABLE, a holding ended after tx's snapshot fails with the
 // server's serialization error instead.
 //
@@ -61,7 +73,7 @@ func Held(ctx context.Context, tx pgx.Tx, claim ha.Claim) error {
 	}
 	q := queriesFor(pgx.Identifier{schema}.Sanitize())
 	var session int64
-	err := tx.QueryRow(ctx, q.sql(sqlHeldSession), group, claim.Name, claim.Revision).Scan(&session)
+	err := tx.QueryRow(ctx, q.sql(sqlHeldSession), group, claim.Name, claim.Revision).Scan(&session, new(*string))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("postgres: %q at %d: %w", claim.Name, claim.Revision, ErrNotHeld)
 	}

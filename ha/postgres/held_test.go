@@ -188,3 +188,42 @@ func TestHeldHoldsOffTheSessionsEnd(t *testing.T) {
 		t.Errorf("rows the fenced transaction wrote: %d, want 1", n)
 	}
 }
+
+// A process frozen inside a transaction that passed Held (it sends
+// nothing more) holds the session's end off for about a TTL at most: the
+// server ends the idle transaction, the end goes through, and the
+// frozen transaction's write never commits.
+func TestHeldBoundsAFrozenTransaction(t *testing.T) {
+	t.Parallel()
+	f := newHeldFixture(t)
+	ctx := context.Background()
+	const ttl = time.Second
+	a, sa, claims := f.member(t, "r0", ttl, "x")
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := Held(ctx, tx, claims["x"]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+f.table+" VALUES ('x', 'r0')"); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now() // from here the transaction sends nothing
+	ectx, cancel := context.WithTimeout(ctx, ttl+5*time.Second)
+	defer cancel()
+	if err := a.End(ectx, sa.ID); err != nil {
+		t.Fatalf("ending the session under a frozen transaction: %v", err)
+	}
+	t.Logf("the session ended %v after the transaction froze (TTL %v)", time.Since(frozen).Round(10*time.Millisecond), ttl)
+	if waited := time.Since(frozen); waited < ttl/2 || waited > ttl+2*time.Second {
+		t.Errorf("the session's end waited %v for the frozen transaction; want about its TTL %v", waited, ttl)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Error("the frozen transaction committed after the session ended")
+	}
+	if n := f.writes(t, "r0"); n != 0 {
+		t.Errorf("rows the frozen transaction wrote: %d, want none", n)
+	}
+}

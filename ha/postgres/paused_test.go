@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -111,17 +110,18 @@ func runChild() int {
 	select {} // until killed
 }
 
-func TestFrozenReplicaWritesNothingOnceItsNamesMoved(t *testing.T) {
-	t.Parallel()
-	pool := newPool(t, 8)
+// newWriteTable makes the user table of group's fenced writes, and
+// returns its name and ids, which reads agg (min or max) of the ids of
+// writer's rows, by name: the ids are taken at the insert, in the order
+// of the writes.
+func newWriteTable(t *testing.T, pool *pgxpool.Pool, group string) (table string, ids func(agg, writer string) map[string]int64) {
+	t.Helper()
 	ctx := context.Background()
-	group := newGroup("paused")
-	table := pgx.Identifier{"public", strings.ReplaceAll(group, "-", "_")}.Sanitize()
+	table = pgx.Identifier{"public", strings.ReplaceAll(group, "-", "_")}.Sanitize()
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+table+" (id bigserial, name text, writer text)"); err != nil {
 		t.Fatal(err)
 	}
-	// ids returns agg (min or max) of the ids of writer's rows, by name.
-	ids := func(agg, writer string) map[string]int64 {
+	return table, func(agg, writer string) map[string]int64 {
 		t.Helper()
 		out := map[string]int64{}
 		r, err := pool.Query(ctx, "SELECT name, "+agg+"(id) FROM "+table+" WHERE writer = $1 GROUP BY name", writer)
@@ -135,35 +135,62 @@ func TestFrozenReplicaWritesNothingOnceItsNamesMoved(t *testing.T) {
 		}
 		return out
 	}
+}
 
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childDSN+"="+testServer.DSN, childGroup+"="+group, childTable+"="+table)
-	out, err := child.StdoutPipe()
+// replicaProcess is a replica "child" in a process of its own
+// (runChild), and the lines it prints.
+type replicaProcess struct {
+	cmd     *exec.Cmd
+	lines   chan string    // what it prints, line by line; lines beyond its capacity are dropped
+	done    chan struct{}  // closed by the test's cleanup: the reader stops
+	readers sync.WaitGroup // the reader of its stdout: joined by the cleanup
+}
+
+// startReplicaProcess starts the child replica of group, writing to
+// table; the test's cleanup kills it and waits for it.
+func startReplicaProcess(t *testing.T, group, table string) *replicaProcess {
+	t.Helper()
+	p := &replicaProcess{lines: make(chan string, 100), done: make(chan struct{})}
+	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	p.cmd.Env = append(os.Environ(), childDSN+"="+testServer.DSN, childGroup+"="+group, childTable+"="+table)
+	out, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
+	p.cmd.Stderr = os.Stderr
+	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := make(chan string, 100)
-	var readers sync.WaitGroup
-	readers.Go(func() { // ends when the child's stdout closes, as it is killed below
+	p.readers.Go(func() { // ends at the child's end, when its stdout closes
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			lines <- sc.Text()
+			select {
+			case p.lines <- sc.Text():
+			case <-p.done:
+			default:
+			}
 		}
-		close(lines)
 	})
-	defer func() {
-		_ = child.Process.Kill()
-		_, _ = io.Copy(io.Discard, out)
-		readers.Wait()
-		_ = child.Wait()
-	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		close(p.done)
+		p.readers.Wait()
+		_ = p.cmd.Wait()
+	})
+	return p
+}
+
+func TestFrozenReplicaWritesNothingOnceItsNamesMoved(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 8)
+	ctx := context.Background()
+	group := newGroup("paused")
+	table, ids := newWriteTable(t, pool, group)
+	child := startReplicaProcess(t, group, table)
+	lines := child.lines
 
 	await(t, 15*time.Second, "the child writing every name", func() bool { return len(ids("min", "child")) == len(pausedNames) })
-	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
@@ -186,27 +213,19 @@ func TestFrozenReplicaWritesNothingOnceItsNamesMoved(t *testing.T) {
 	if err := r1.Join(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Taken over while the child is frozen, unless it froze inside a
-	// fenced transaction, whose locks hold the takeover off until it
-	// wakes and commits.
-	tookOver := true
-	deadline := time.Now().Add(pausedTTL + 5*time.Second)
-	for len(ids("min", "r1")) < len(pausedNames) && tookOver {
-		tookOver = time.Now().Before(deadline)
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Logf("r1 wrote every name %v after the child froze (taken over while frozen: %v)", time.Since(stopped).Round(10*time.Millisecond), tookOver)
-	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+	// Taken over while the child is frozen: when it froze inside a
+	// fenced transaction, whose locks hold the takeover off, once the
+	// server ended that transaction, idle for a TTL (Held's bound).
+	await(t, 2*pausedTTL+5*time.Second, "r1 writing every name while the child is frozen", func() bool { return len(ids("min", "r1")) == len(pausedNames) })
+	t.Logf("r1 wrote every name %v after the child froze", time.Since(stopped).Round(10*time.Millisecond))
+	if err := child.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	refused := map[string]bool{}
 	timeout := time.After(5 * time.Second)
 	for waiting := true; waiting && len(refused) < len(pausedNames); {
 		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("the child ended; refused so far: %v", refused)
-			}
+		case l := <-lines:
 			if name, ok := strings.CutPrefix(l, "refused "); ok {
 				refused[name] = true
 			} else {
@@ -233,5 +252,46 @@ func TestFrozenReplicaWritesNothingOnceItsNamesMoved(t *testing.T) {
 	defer rec.Unlock()
 	if len(r1Refused) > 0 {
 		t.Errorf("r1, the holder, was refused for %v", r1Refused)
+	}
+}
+
+// A replica's process killed (SIGKILL): its names run on the replica
+// that waited, junior in Leader mode, once its session ran out, within
+// its TTL and a few seconds; nothing the killed one wrote comes after.
+func TestKilledReplicasNamesMoveOnceItsSessionRanOut(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 8)
+	group := newGroup("killed")
+	table, ids := newWriteTable(t, pool, group)
+	child := startReplicaProcess(t, group, table)
+	await(t, 15*time.Second, "the child writing every name", func() bool { return len(ids("min", "child")) == len(pausedNames) })
+	r1, err := ha.New(Store(pool, StoreOptions{}), pausedOptions(group, "r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	stop := make(chan struct{})
+	defer close(stop) // before r1.Close: its DoFuncs return, and Close joins them
+	for _, name := range pausedNames {
+		_ = r1.UpdateController(name, controller.ControllerParams{DoFunc: fencedLoop(pool, table, "r1", func(string) {}, stop)})
+	}
+	if err := r1.Join(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(pausedTTL) // r1 watches, junior: it runs nothing
+	if n := len(ids("min", "r1")); n != 0 {
+		t.Fatalf("r1 wrote %d names while the senior child ran them", n)
+	}
+	if err := child.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	await(t, pausedTTL+5*time.Second, "r1 writing every name after the child was killed", func() bool { return len(ids("min", "r1")) == len(pausedNames) })
+	t.Logf("r1 wrote every name %v after the child was killed (TTL %v)", time.Since(killed).Round(10*time.Millisecond), pausedTTL)
+	lastChild, firstR1 := ids("max", "child"), ids("min", "r1")
+	for _, name := range pausedNames {
+		if lastChild[name] > firstR1[name] {
+			t.Errorf("%s: the killed child wrote row %d after r1's first, %d", name, lastChild[name], firstR1[name])
+		}
 	}
 }

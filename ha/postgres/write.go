@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/bgctl/controller/ha"
 	"github.com/jackc/pgx/v5"
@@ -46,7 +47,11 @@ type writeTx struct {
 // update). A session row a renewal or Held is holding is skipped, and
 // expired at a later write. DESIGN.md, "Expiry".
 const (
-	sqlLockGroup   = `SELECT pos FROM {s}.groups WHERE grp = $1 FOR UPDATE`
+	// sqlLockGroup locks the group's row and, in the same statement,
+	// bounds how long the transaction may sit idle while it holds it
+	// to $2 ms: a replica frozen inside a write never holds the
+	// group's writes off for longer.
+	sqlLockGroup   = `SELECT pos, set_config('idle_in_transaction_session_timeout', $2::bigint::text, true) FROM {s}.groups WHERE grp = $1 FOR UPDATE`
 	sqlAddGroup    = `INSERT INTO {s}.groups (grp) VALUES ($1) ON CONFLICT DO NOTHING`
 	sqlNextPos     = `UPDATE {s}.groups SET pos = pos + 1 WHERE grp = $1 RETURNING pos`
 	sqlExpireDue   = `DELETE FROM {s}.sessions WHERE id IN (SELECT id FROM {s}.sessions WHERE grp = $1 AND expires_at <= clock_timestamp() FOR UPDATE SKIP LOCKED) AND expires_at <= clock_timestamp() RETURNING id`
@@ -107,12 +112,13 @@ func (b *backend) write(ctx context.Context, f func(ctx context.Context, w *writ
 // the group's position.
 func (w *writeTx) lock(ctx context.Context) error {
 	q := w.b.st.q
-	err := w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group).Scan(&w.pos)
+	idle := max(w.b.cfg.RequestTimeout, time.Second).Milliseconds()
+	err := w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group, idle).Scan(&w.pos, new(string))
 	if errors.Is(err, pgx.ErrNoRows) {
 		if _, err := w.tx.Exec(ctx, q.sql(sqlAddGroup), w.b.cfg.Group); err != nil {
 			return err
 		}
-		err = w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group).Scan(&w.pos)
+		err = w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group, idle).Scan(&w.pos, new(string))
 	}
 	if err != nil {
 		return fmt.Errorf("locking group %q: %w", w.b.cfg.Group, err)
