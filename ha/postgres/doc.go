@@ -54,7 +54,14 @@
 // renewals and claims too: see DESIGN.md in the module for what then
 // happens. It needs a session-mode connection to LISTEN on (the pool's
 // own, or a pooler in session mode): each replica's feed holds one
-// connection of the pool for as long as it runs.
+// connection of the pool for as long as it runs. And a server clock that
+// is not stepped forward (slewing is fine): expiry is decided on it.
+//
+// Renewals take a connection of the pool like any request: a pool user
+// code can exhaust (transactions left open, a burst of queries) delays
+// them, and a replica whose renewals fail for its window stops its
+// names. Give the store a pool of its own, or keep room in the shared
+// one.
 //
 // # Server versions
 //

@@ -38,7 +38,7 @@ const (
 	// bounds how long the transaction may sit idle to the session's TTL
 	// in ms, unless a shorter bound is set already.
 	sqlHeldSession = `SELECT s.id, CASE WHEN b.setting::bigint = 0 OR b.setting::bigint > s.ttl_us / 1000
-	THEN 'unbounded' END
+	THEN set_config('idle_in_transaction_session_timeout', greatest(s.ttl_us / 1000, 1)::text, true) END
 FROM {s}.sessions s JOIN {s}.claims c ON c.session = s.id AND c.grp = $1 AND c.name = $2 AND c.created = $3,
 	pg_settings b WHERE b.name = 'idle_in_transaction_session_timeout' AND s.expires_at > clock_timestamp() FOR KEY SHARE OF s`
 	sqlHeldClaim = `SELECT 1 FROM {s}.claims WHERE grp = $1 AND name = $2 AND created = $3 AND session = $4 FOR KEY SHARE`

@@ -55,15 +55,16 @@ func TestReplicasRideOutAServerRestart(t *testing.T) {
 	if o := rec.Overlaps(); len(o) > 0 {
 		t.Errorf("names ran on two replicas at once: %v", o)
 	}
-	// Once their feeds listed again (a replica whose feed was down when
-	// a member left waits for its names, as for an early end), one
-	// leaves, and its names move at once.
+	// Once their feeds listed again, one leaves, and its names move: at
+	// once, or, if a replica's feed was still listing again when it
+	// left (a busy machine), once that replica's wait for an early end
+	// it did not watch ran out, a TTL.
 	time.Sleep(2 * replicaTTL)
 	left := time.Now()
 	if err := replicas["r2"].Leave(context.Background()); err != nil {
 		t.Fatalf("r2's Leave after the restart: %v", err)
 	}
 	delete(replicas, "r2")
-	await(t, replicaTTL/2, "r2's names on r0 and r1 after it left", once)
+	await(t, replicaTTL+2*time.Second, "r2's names on r0 and r1 after it left", once)
 	t.Logf("r2's names moved %v after its Leave", time.Since(left).Round(10*time.Millisecond))
 }
