@@ -178,6 +178,13 @@ func (b *backend) readLog(ctx context.Context, conn *pgx.Conn, last int64) (ha.F
 			if last < pruned {
 				return fmt.Errorf("position %d, the log holds positions after %d: %w", last, pruned, ErrPruned)
 			}
+			if pos < last {
+				// Positions only grow: a server that lost commits (a
+				// failover to a standby behind the primary) answers
+				// less than was delivered. Listed again, the replica
+				// takes the group as it now stands.
+				return fmt.Errorf("the group's position went back from %d to %d: %w", last, pos, ErrPositionWentBack)
+			}
 			fb = ha.FeedBatch{At: max(pos, last)}
 			if pos <= last {
 				return nil

@@ -169,3 +169,40 @@ func TestPrunedPositionsAreRefused(t *testing.T) {
 		t.Errorf("HeldAt(%d), the listing's position = %v, %v; want x", at, names, err)
 	}
 }
+
+// A position that goes back under a feed (a server that lost commits, as
+// a failover to a standby behind the primary does) fails the feed with
+// ErrPositionWentBack, for the replica to list again, instead of
+// stalling it until the position passes the old one.
+func TestFeedFailsWhenThePositionGoesBack(t *testing.T) {
+	t.Parallel()
+	st, err := newStore(newPool(t, 4), StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := newGroup("back")
+	ctx := context.Background()
+	a := feedBackend(st, group, "r0", 100*time.Millisecond)
+	s, err := a.Begin(ctx, 0, 5*time.Second, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = a.End(ctx, s.ID) }()
+	if _, _, err := a.Claim(ctx, s.ID, []string{"x"}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	f := a.Watch(s.JoinedAt, &wg)
+	defer wg.Wait()
+	defer f.Stop()
+	if fb := nextChanges(t, f, 3*time.Second); fb.Err != nil {
+		t.Fatal(fb.Err)
+	}
+	// The commits after the session's begin lost.
+	if _, err := st.pool.Exec(ctx, st.q.sql(`UPDATE {s}.groups SET pos = $2 WHERE grp = $1`), group, s.JoinedAt); err != nil {
+		t.Fatal(err)
+	}
+	if fb := nextChanges(t, f, 3*time.Second); !errors.Is(fb.Err, ErrPositionWentBack) {
+		t.Errorf("the feed after its group's position went back delivered %+v; want it failed with ErrPositionWentBack", fb)
+	}
+}

@@ -166,6 +166,12 @@ func (b *backend) List(ctx context.Context) (records []ha.Change, at int64, err 
 // that far behind.
 var ErrPruned = errors.New("postgres: the change log was pruned past the position")
 
+// ErrPositionWentBack is wrapped by a feed's error when the group's
+// position is below one the feed delivered: the server lost commits (a
+// failover to a standby that had not received them). The replica lists
+// the group again; see DESIGN.md for what such a failover costs.
+var ErrPositionWentBack = errors.New("postgres: the group's position went back")
+
 // HeldAt reads the names held at position at: the holdings created by
 // then and still held, and those the change log shows released or ended
 // since. It fails with ErrPruned for a position before the oldest the
