@@ -15,7 +15,10 @@ import "context"
 // wakes up after the name passed to another replica. A write that must
 // never come from a former holder carries the claim as its guard: on
 // etcd, a transaction guarded by Held in github.com/bgctl/controller/ha/etcd, which etcd refuses once
-// the holding is gone or the name held anew; elsewhere, the Token, which
+// the holding is gone or the name held anew; on PostgreSQL, Held in
+// github.com/bgctl/controller/ha/postgres, called inside the user's own
+// transaction, which then commits only while the claim holds;
+// elsewhere, the Token, which
 // an external store compares with the highest it has seen for Name and
 // refuses when lower.
 type Claim struct {

@@ -10,8 +10,9 @@ import (
 )
 
 // A Store is where a group of replicas keeps its members, sessions and
-// holdings: etcd (the module github.com/bgctl/controller/ha/etcd), or the Kubernetes API server (the module
-// github.com/bgctl/controller/ha/kube). [New] asks it once for the
+// holdings: etcd (the module github.com/bgctl/controller/ha/etcd), the Kubernetes API server (the module
+// github.com/bgctl/controller/ha/kube), or PostgreSQL (the module
+// github.com/bgctl/controller/ha/postgres). [New] asks it once for the
 // Backend of the replica it makes.
 type Store interface {
 	// Backend returns the backend of the replica c describes. It sends

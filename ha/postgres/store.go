@@ -1,0 +1,150 @@
+// The Store: a pool, the options of the schema it keeps the groups in, and
+// the Backend it gives each Replica.
+
+package postgres
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/bgctl/controller/ha"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// StoreOptions configures a Store. The zero value is valid: each zero
+// field means the default written next to it.
+type StoreOptions struct {
+	// Schema is the PostgreSQL schema the store's tables live in,
+	// created on first use if missing. A lower-case SQL identifier:
+	// letters, digits and underscores, not starting with a digit, at
+	// most 63 bytes. Default "bgctl_ha". Every group of replicas (their
+	// Options.Prefix) shares its tables, apart by a column.
+	Schema string
+	// Retention is how long the change log keeps a change: a feed that
+	// falls further behind lists the group again, and HeldAt fails for
+	// a position pruned. Default 10 minutes; at least a minute.
+	Retention time.Duration
+	// Poll is how often a feed reads the change log when no
+	// notification (LISTEN/NOTIFY) woke it: the fallback for a
+	// notification lost. Default a second.
+	Poll time.Duration
+	// ClaimNames is how many names one Claim takes at most, in one
+	// statement of arrays. Default 5000.
+	ClaimNames int
+}
+
+// The defaults of StoreOptions.
+const (
+	defaultSchema     = "bgctl_ha"
+	defaultRetention  = 10 * time.Minute
+	defaultPoll       = time.Second
+	defaultClaimNames = 5000
+	// claimBytes is the bytes one Claim takes at most: its arrays are
+	// bound as parameters, which PostgreSQL takes up to 1 GB each; 8 MiB
+	// keeps one statement's work small.
+	claimBytes = 8 << 20
+)
+
+// schemaName is what StoreOptions.Schema may be.
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// Store returns the store of the replicas that keep their groups on the
+// PostgreSQL server pool reaches, in the tables of schema o.Schema, for
+// [ha.New] or [ha.Join]. It sends nothing: the first request of the
+// first backend creates the schema if missing, and checks its version.
+// The pool serves the backends' requests, and one connection per
+// replica for its feed (LISTEN), held as long as the feed runs: size it
+// for that. When pool is nil or o is invalid (a Schema that is not a
+// plain identifier, a negative duration), the store's Backend, and so
+// ha.New, fails with an error naming the culprit.
+func Store(pool *pgxpool.Pool, o StoreOptions) ha.Store {
+	st, err := newStore(pool, o)
+	if err != nil {
+		return invalidStore{err}
+	}
+	return st
+}
+
+// invalidStore is the Store of invalid options: its Backend fails.
+type invalidStore struct{ err error }
+
+// Backend returns the error the options were refused with.
+func (s invalidStore) Backend(ha.BackendConfig) (ha.Backend, error) { return nil, s.err }
+
+// store is the ha.Store Store returns.
+type store struct {
+	// Immutable after newStore.
+	pool       *pgxpool.Pool
+	schema     string // validated: a plain identifier
+	q          queries
+	retention  time.Duration
+	poll       time.Duration
+	claimNames int
+
+	// afterBegin, if set (tests only, before the first Begin), runs
+	// after a Begin's transaction committed, and its error fails the
+	// Begin: an answer held back, or lost.
+	afterBegin func() error
+
+	setupMu   sync.Mutex // held while the schema is checked
+	setupDone bool       // guarded by setupMu: the schema was checked
+}
+
+// newStore is Store, with an error for invalid options.
+func newStore(pool *pgxpool.Pool, o StoreOptions) (*store, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: Store: the pool is nil")
+	}
+	schema := cmp.Or(o.Schema, defaultSchema)
+	if !schemaName.MatchString(schema) {
+		return nil, fmt.Errorf("postgres: StoreOptions.Schema %q is not a lower-case identifier (letters, digits, _; at most 63 bytes)", o.Schema)
+	}
+	switch {
+	case o.Retention < 0:
+		return nil, fmt.Errorf("postgres: StoreOptions.Retention %v is negative", o.Retention)
+	case o.Retention > 0 && o.Retention < time.Minute:
+		return nil, fmt.Errorf("postgres: StoreOptions.Retention %v is less than a minute", o.Retention)
+	case o.Poll < 0:
+		return nil, fmt.Errorf("postgres: StoreOptions.Poll %v is negative", o.Poll)
+	case o.ClaimNames < 0:
+		return nil, fmt.Errorf("postgres: StoreOptions.ClaimNames %d is negative", o.ClaimNames)
+	}
+	return &store{
+		pool:       pool,
+		schema:     schema,
+		q:          queriesFor(pgx.Identifier{schema}.Sanitize()),
+		retention:  cmp.Or(o.Retention, defaultRetention),
+		poll:       cmp.Or(o.Poll, defaultPoll),
+		claimNames: cmp.Or(o.ClaimNames, defaultClaimNames),
+	}, nil
+}
+
+// Backend returns the backend of the replica c describes. It sends
+// nothing and starts no goroutine.
+func (s *store) Backend(c ha.BackendConfig) (ha.Backend, error) {
+	if c.Group == "" {
+		return nil, errors.New("postgres: the replica's group (Options.Prefix) is empty")
+	}
+	if c.ID == "" {
+		return nil, errors.New("postgres: the replica's ID is empty")
+	}
+	return s.backend(c), nil
+}
+
+// backend is Backend, typed; zero durations of c get defaults, as the
+// conformance suite passes them.
+func (s *store) backend(c ha.BackendConfig) *backend {
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 2*time.Second)
+	c.RenewEvery = cmp.Or(c.RenewEvery, c.TTL/4, time.Second)
+	c.Window = cmp.Or(c.Window, 4*c.RenewEvery)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &backend{st: s, cfg: c}
+}
