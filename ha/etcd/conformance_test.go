@@ -46,6 +46,10 @@ func TestBackendConformanceEtcd(t *testing.T) {
 				Early:     300 * time.Millisecond,
 				SlowBegin: func(d time.Duration) { lease.hold.Store(int64(d)) },
 				LoseBegin: func() { kv.lose.Store(true) },
+				NewReplica: func(id string, o ha.Options) (*ha.Replica, error) {
+					o.Prefix, o.ID = prefix+"/replicas", id
+					return ha.New(Store(cli), o) // closed after the case, which closes its replicas
+				},
 				Compact: func() {
 					resp, err := cli.Get(ctx, prefix)
 					if err == nil {

@@ -49,6 +49,12 @@ type Group struct {
 	// session started meanwhile: on etcd, the answer to its grant; on
 	// Kubernetes, to the create of its member Lease.
 	SlowBegin func(d time.Duration)
+	// NewReplica makes replica id of the group on the store under
+	// test, with o (the harness sets Prefix and whatever its store
+	// needs; zero fields take their defaults), not joined: for the case
+	// of whole replicas, which is skipped, saying so, without it. The
+	// case closes every replica it made.
+	NewReplica func(id string, o ha.Options) (*ha.Replica, error)
 	// Compact has the store forget the group's history before its
 	// current position, as etcd's compaction or a pruned change log
 	// does; nil on a store that keeps no history to lose (NoHistory) or
@@ -75,6 +81,7 @@ var cases = []Case{
 	{"ClaimWithinTheDeclaredLimitsIsTaken", conformClaimLimits},
 	{"ReadingsAreShortByNoMoreThanTheRounding", conformReadingsWithinRounding},
 	{"LostHistoryFailsHeldAtAndTheFeedThatNeedsIt", conformLostHistory},
+	{"WholeReplicasSpreadLeaveAndSurviveACrash", conformWholeReplicas},
 	{"BeginRenewEnd", conformBeginRenewEnd},
 	{"DuplicateIDRefusedWhileLive", conformDuplicateID},
 	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},

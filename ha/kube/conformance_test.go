@@ -75,6 +75,11 @@ func newConformGroup(t *testing.T, c *cluster) hatest.Group {
 		NoHistory: true,
 		SlowBegin: func(d time.Duration) { faults.hold.Store(int64(d)) },
 		LoseBegin: func() { faults.lose.Store(true) },
+		NewReplica: func(id string, o ha.Options) (*ha.Replica, error) {
+			o.Prefix, o.ID = group+"-r", id
+			deleteGroupAtEnd(t, c, o.Prefix)
+			return ha.New(Store(replicaConfig(c, nil), replicaNamespace, StoreOptions{Buckets: 4}), o)
+		},
 	}
 }
 

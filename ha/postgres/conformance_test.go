@@ -43,6 +43,10 @@ func TestBackendConformancePostgres(t *testing.T) {
 				Slack:     300 * time.Millisecond,
 				SlowBegin: func(d time.Duration) { hold = d },
 				LoseBegin: func() { lose = true },
+				NewReplica: func(id string, o ha.Options) (*ha.Replica, error) {
+					o.Prefix, o.ID = group+"-replicas", id
+					return ha.New(Store(pool, StoreOptions{}), o)
+				},
 				// The log pruned up to the group's position, as the
 				// feed's pruning does past the retention.
 				Compact: func() {
