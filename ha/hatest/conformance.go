@@ -20,7 +20,9 @@ import (
 const TTL = 2 * time.Second
 
 // Group is one fresh group on the store under test: Backend returns the
-// backend of a replica with that ID, and is required. SlowBegin and
+// backend of a replica with that ID, and is required; its BackendConfig
+// is a Replica's at TTL: Window TTL − TTL/4, RenewEvery a quarter of
+// that. SlowBegin and
 // LoseBegin are fault hooks a store offers the suite, optional as a
 // store's capabilities are: without SlowBegin its case reads the
 // validity of an answer that came at once; without LoseBegin its case
@@ -82,6 +84,7 @@ var cases = []Case{
 	{"ReadingsAreShortByNoMoreThanTheRounding", conformReadingsWithinRounding},
 	{"LostHistoryFailsHeldAtAndTheFeedThatNeedsIt", conformLostHistory},
 	{"WholeReplicasSpreadLeaveAndSurviveACrash", conformWholeReplicas},
+	{"AFeedOwesProgressMoreOftenThanTheWindow", conformFeedProgress},
 	{"BeginRenewEnd", conformBeginRenewEnd},
 	{"DuplicateIDRefusedWhileLive", conformDuplicateID},
 	{"BeginMovesTheRecordFromPrevOnly", conformMoveFromPrev},

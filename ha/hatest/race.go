@@ -317,3 +317,46 @@ func conformLostHistory(t *testing.T, st Group) {
 	relisted.await(t, "z held, after the relist", func(c ha.Change) bool { return c.Kind == ha.ClaimPut && c.Name == "z" })
 	caught.await(t, "z held, on the feed that was caught up at the compaction", func(c ha.Change) bool { return c.Kind == ha.ClaimPut && c.Name == "z" })
 }
+
+// A feed owes progress: on a group where nothing changes but a member's
+// renewals (the case renews a session every quarter of Window, as a
+// replica does), another replica's feed delivers a batch, progress alone
+// if nothing else, more often than Window (BackendConfig.Window, TTL −
+// TTL/4 in the cases), for a Replica whose feed is silent that long
+// reports ErrWatchStalled from Health.
+func conformFeedProgress(t *testing.T, st Group) {
+	ctx := context.Background()
+	window := TTL - TTL/4
+	a, sa := beginR0(t, st)
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	reader := st.Backend("r1")
+	_, from, err := reader.List(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	var wg sync.WaitGroup
+	f := reader.Watch(from, &wg)
+	defer wg.Wait()
+	defer f.Stop()
+	last, end := time.Now(), time.Now().Add(3*window)
+	renew := time.NewTicker(window / 4)
+	defer renew.Stop()
+	for time.Now().Before(end) {
+		select {
+		case b := <-f.Batches():
+			if b.Err != nil {
+				t.Fatalf("the feed of an idle group failed: %v", b.Err)
+			}
+			if gap := time.Since(last); gap >= window {
+				t.Errorf("the feed delivered nothing for %v, a Window (%v) or more", gap, window)
+			}
+			last = time.Now()
+		case <-renew.C:
+			if _, err := a.Renew(ctx, sa.ID); err != nil {
+				t.Fatalf("renew: %v", err)
+			}
+		case <-time.After(time.Until(last.Add(window))): // a Window since the last batch
+			t.Fatalf("the feed delivered nothing for %v, a Window or more, on a group whose only change is a member's renewals", time.Since(last))
+		}
+	}
+}

@@ -20,7 +20,8 @@ func TestBackendConformanceMemory(t *testing.T) {
 				var st sim.Store
 				tc.Test(t, hatest.Group{
 					Backend: func(id string) ha.Backend {
-						b, _ := st.Backend(ha.BackendConfig{ID: id, TTL: hatest.TTL, RequestTimeout: 2 * time.Second})
+						w := hatest.TTL - hatest.TTL/4
+						b, _ := st.Backend(ha.BackendConfig{ID: id, TTL: hatest.TTL, RequestTimeout: 2 * time.Second, RenewEvery: w / 4, Window: w})
 						return b
 					},
 					Early:     time.Nanosecond,
