@@ -46,6 +46,18 @@ func TestBackendConformanceEtcd(t *testing.T) {
 				Early:     300 * time.Millisecond,
 				SlowBegin: func(d time.Duration) { lease.hold.Store(int64(d)) },
 				LoseBegin: func() { kv.lose.Store(true) },
+				EndEarly: func(id string) {
+					resp, err := cli.Get(ctx, keysOf(prefix+"/replicas").members+id)
+					if err == nil && len(resp.Kvs) != 1 {
+						err = fmt.Errorf("%d member keys", len(resp.Kvs))
+					}
+					if err == nil {
+						_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+					}
+					if err != nil {
+						t.Fatalf("revoking %s's lease: %v", id, err)
+					}
+				},
 				NewReplica: func(id string, o ha.Options) (*ha.Replica, error) {
 					o.Prefix, o.ID = prefix+"/replicas", id
 					return ha.New(Store(cli), o) // closed after the case, which closes its replicas

@@ -57,6 +57,11 @@ type Group struct {
 	// of whole replicas, which is skipped, saying so, without it. The
 	// case closes every replica it made.
 	NewReplica func(id string, o ha.Options) (*ha.Replica, error)
+	// EndEarly ends the session of NewReplica's replica id before its
+	// validity ran out, as a store or an operator may (etcd: a revoke
+	// of its lease; Kubernetes: its member Lease deleted by hand). Nil:
+	// the case of whole replicas leaves the early end out.
+	EndEarly func(id string)
 	// Compact has the store forget the group's history before its
 	// current position, as etcd's compaction or a pruned change log
 	// does; nil on a store that keeps no history to lose (NoHistory) or
@@ -83,7 +88,7 @@ var cases = []Case{
 	{"ClaimWithinTheDeclaredLimitsIsTaken", conformClaimLimits},
 	{"ReadingsAreShortByNoMoreThanTheRounding", conformReadingsWithinRounding},
 	{"LostHistoryFailsHeldAtAndTheFeedThatNeedsIt", conformLostHistory},
-	{"WholeReplicasSpreadLeaveAndSurviveACrash", conformWholeReplicas},
+	{"WholeReplicasSurviveAnEarlyEndALeaveAndACrash", conformWholeReplicas},
 	{"AFeedOwesProgressMoreOftenThanTheWindow", conformFeedProgress},
 	{"BeginRenewEnd", conformBeginRenewEnd},
 	{"DuplicateIDRefusedWhileLive", conformDuplicateID},

@@ -1,5 +1,5 @@
 // The case of whole replicas on the store: what a service's replicas do
-// on it, spread, a Leave and a crash, with every DoFunc and StopFunc
+// on it, spread, an early end, a Leave and a crash, with every DoFunc and StopFunc
 // recorded and none allowed to overlap another of its name.
 
 package hatest
@@ -28,7 +28,10 @@ var quiet = func() logrus.FieldLogger {
 }()
 
 // Three replicas on the store spread the group's names, each running on
-// one of them; a Leave hands the leaver's names to the other two; a
+// one of them; a session ended early (EndEarly, when the Group offers
+// it) has every name of its replica run again, once the fence stopped
+// the ended session's runs, and the replica join again and get its
+// share back; a Leave hands the leaver's names to the other two; a
 // crash (Close without Leave: its session left to end as a crashed
 // process's does) has its names run on the last one once that session
 // ended; and no name's DoFunc or StopFunc ever begins while another call
@@ -97,6 +100,39 @@ func conformWholeReplicas(t *testing.T, st Group) {
 		}
 	}
 	placed("three replicas joined", "r0", "r1", "r2")
+	if st.EndEarly != nil {
+		// Its fence stops its names; they run elsewhere only once its
+		// own code has returned, and it joins again and gets them back.
+		var held []string
+		for _, n := range names {
+			if rs["r2"].Running(n) {
+				held = append(held, n)
+			}
+		}
+		ended := time.Now()
+		st.EndEarly("r2")
+		// Each of its names ran again, here or elsewhere, after the end:
+		// the fence stopped the run of the ended session (the Recorder
+		// fails the case if the new one began first).
+		for deadline := time.Now().Add(5 * TTL); ; time.Sleep(TTL / 20) {
+			again := 0
+			for _, n := range held {
+				for _, run := range rec.Runs(n) {
+					if !run.Stop && !run.Start.Before(ended) {
+						again++
+						break
+					}
+				}
+			}
+			if again == len(held) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of r2's %d names did not run again in the %v after its session ended early", len(held)-again, len(held), 5*TTL)
+			}
+		}
+		placed("r2's session ended early, and r2 joined again", "r0", "r1", "r2")
+	}
 	lctx, cancel := context.WithTimeout(ctx, 5*TTL)
 	defer cancel()
 	if err := rs["r0"].Leave(lctx); err != nil {

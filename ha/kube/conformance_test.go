@@ -75,6 +75,12 @@ func newConformGroup(t *testing.T, c *cluster) hatest.Group {
 		NoHistory: true,
 		SlowBegin: func(d time.Duration) { faults.hold.Store(int64(d)) },
 		LoseBegin: func() { faults.lose.Store(true) },
+		EndEarly: func(id string) {
+			name := group + "-r" + memberInfix + id
+			if err := c.admin.CoordinationV1().Leases(replicaNamespace).Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("deleting %s by hand: %v", name, err)
+			}
+		},
 		NewReplica: func(id string, o ha.Options) (*ha.Replica, error) {
 			o.Prefix, o.ID = group+"-r", id
 			deleteGroupAtEnd(t, c, o.Prefix)

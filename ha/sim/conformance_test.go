@@ -28,6 +28,11 @@ func TestBackendConformanceMemory(t *testing.T) {
 					SlowBegin: func(d time.Duration) { st.DelayAnswer("", sim.OpBegin, d) },
 					LoseBegin: func() { st.LoseAnswer("", sim.OpBegin) },
 					Compact:   st.Compact,
+					EndEarly: func(id string) {
+						if err := st.EndSession(id); err != nil {
+							t.Fatal(err)
+						}
+					},
 					NewReplica: func(id string, o ha.Options) (*ha.Replica, error) {
 						o.Prefix, o.ID = "/conformance", id
 						return ha.New(&st, o)
