@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bgctl/controller/ha"
-	"github.com/bgctl/controller/ha/sim"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -20,21 +18,7 @@ func TestReplicasRecoverFromAPoolUserCodeExhausted(t *testing.T) {
 	pool := newPool(t, conns)
 	store := Store(pool, StoreOptions{})
 	group := newGroup("exhausted")
-	var rec sim.Recorder
-	replicas := map[string]*ha.Replica{}
-	for _, id := range []string{"r0", "r1", "r2"} {
-		replicas[id] = joinReplica(t, store, group, id, &rec)
-	}
-	once := func() bool {
-		on, _ := placement(replicas)
-		for _, name := range serviceNames {
-			if on[name] == "" || on[name] == "+" {
-				return false
-			}
-		}
-		return true
-	}
-	await(t, 20*time.Second, "every name on one replica", once)
+	replicas, rec, once := joinThree(t, store, group)
 
 	// User code takes every connection the pool will make, for longer
 	// than the replicas' TTL.

@@ -141,3 +141,26 @@ func TestReplicasSpreadCrashAndLeaveWithoutOverlap(t *testing.T) {
 		}
 	}
 }
+
+// joinThree joins replicas r0, r1 and r2 of group on store, their
+// controllers recorded, and waits until every name runs on exactly one of
+// them; it returns them, the recorder, and that wait's condition.
+func joinThree(t *testing.T, store ha.Store, group string) (map[string]*ha.Replica, *sim.Recorder, func() bool) {
+	t.Helper()
+	rec := &sim.Recorder{}
+	replicas := map[string]*ha.Replica{}
+	for _, id := range []string{"r0", "r1", "r2"} {
+		replicas[id] = joinReplica(t, store, group, id, rec)
+	}
+	once := func() bool {
+		on, _ := placement(replicas)
+		for _, name := range serviceNames {
+			if on[name] == "" || on[name] == "+" {
+				return false
+			}
+		}
+		return true
+	}
+	await(t, 20*time.Second, "every name on one replica", once)
+	return replicas, rec, once
+}

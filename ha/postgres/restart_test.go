@@ -8,9 +8,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/bgctl/controller/ha"
-	"github.com/bgctl/controller/ha/sim"
 )
 
 func TestReplicasRideOutAServerRestart(t *testing.T) {
@@ -23,21 +20,7 @@ func TestReplicasRideOutAServerRestart(t *testing.T) {
 	pool := newPoolOn(t, srv.DSN, 16)
 	store := Store(pool, StoreOptions{})
 	group := newGroup("restart")
-	var rec sim.Recorder
-	replicas := map[string]*ha.Replica{}
-	for _, id := range []string{"r0", "r1", "r2"} {
-		replicas[id] = joinReplica(t, store, group, id, &rec)
-	}
-	once := func() bool {
-		on, _ := placement(replicas)
-		for _, name := range serviceNames {
-			if on[name] == "" || on[name] == "+" {
-				return false
-			}
-		}
-		return true
-	}
-	await(t, 20*time.Second, "every name on one replica", once)
+	replicas, rec, once := joinThree(t, store, group)
 
 	down := time.Now()
 	srv.shutdown()
