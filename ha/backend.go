@@ -16,8 +16,12 @@ import (
 // placement, the fence, the claim slots, events, health, metrics and the
 // placement page stay the package's own. A store is written against this
 // interface and the contract below; the optional capabilities a backend
-// may add (capabilities.go: Request, claim limits, a server check,
-// history, readings' rounding, a hand-over) each have a default. Examples
+// may add, each an interface of this package with a default when absent,
+// are [Requester], [ClaimLimiter], [ServerChecker], [HistoryReader],
+// [Rounding] and [TakeOver]. The package documentation tells the model
+// on etcd: there a lease is a session, a key a record (the member key a
+// member record, a claim key a holding), and a revision a position.
+// Examples
 // of stores: github.com/bgctl/controller/ha/etcd (a lease per session,
 // a key per record), github.com/bgctl/controller/ha/kube (a Lease object
 // per session, names in bucket Leases), and
@@ -27,7 +31,7 @@ import (
 // safe for concurrent use; none starts a goroutine that outlives the
 // call, but Watch, whose goroutines end once its Feed is stopped.
 // github.com/bgctl/controller/ha/hatest holds the conformance suite every
-// store must pass.
+// store must pass, and the test that runs it on a store of your own.
 //
 // # Records
 //
@@ -61,7 +65,11 @@ import (
 // readings (PeerLeft, TimeLeft) that find a session due. Kubernetes'
 // observers (a guarded delete of a member Lease seen unchanged for its
 // duration) are one example; a SQL store's is a conditional update or
-// delete on the session row, deciding with the database's clock.
+// delete on the session row, deciding with the database's clock. A store
+// that keeps each session's deadline itself, set by every renewal from
+// that one clock, answers TimeLeft and PeerLeft as a server-side TTL
+// does: the deadline less the time now on the same clock, and, when that
+// reading is exact, a [Rounding] of 0.
 //
 // # Positions
 //
@@ -93,15 +101,27 @@ type Backend interface {
 	// member record under it, carrying digest (an opaque string): the
 	// record is created if absent; if it is under prev, this replica's
 	// previous session (0: none), it is moved to the new session, only
-	// while it is still under prev, and the new session's JoinedAt is
-	// the position the record was written at, or found at when the
-	// store moves it without a write. Any other session's record fails
-	// Begin with an error wrapping ErrDuplicateID. The new session is
-	// valid until at least Session.Sent + ttl: Sent is taken before the
-	// first request that started it. On an error no session is left:
-	// Begin ends the one it started, best effort, even when that
-	// request's answer was lost. Each of its requests is bounded by
-	// BackendConfig.RequestTimeout and by ctx.
+	// while it is still under prev. A record under any other session
+	// (under any session at all when prev is 0) fails Begin with an error
+	// wrapping ErrDuplicateID. The new session's JoinedAt is the position
+	// that created the record; for a moved record, the position Begin
+	// found it at under prev, or the move's (the replica reads JoinedAt
+	// only after a first join, prev 0: see [HistoryReader]). A record
+	// moved in place keeps its creation's position, its seniority, as
+	// its Created (see ChangeKind). Begin need not end prev: prev may live
+	// on, its holdings with it, until the replica ends it (End), or end
+	// as its record moves (its holdings going with it at once, End then
+	// answering ErrSessionEnded). The new session is valid until at
+	// least Session.Sent + ttl: Sent is taken before the first request
+	// that started it. On an error no session is left with the member
+	// record (MemberSession finds none of a Begin that created it, and
+	// the replica's next Begin is not refused): Begin ends the session it
+	// started, best effort, even when that request's answer was lost. So
+	// a backend whose request that starts a session may lose its answer
+	// must know the session without that answer: an ID it chose before
+	// sending, or one an earlier request of the same Begin answered.
+	// Each of its requests is bounded by BackendConfig.RequestTimeout
+	// and by ctx.
 	Begin(ctx context.Context, prev SessionID, ttl time.Duration, digest string) (Session, error)
 
 	// Renew renews session id once and answers valid: the session lives
@@ -130,7 +150,10 @@ type Backend interface {
 	// record is under: id when it wrote it or found it under id (left as
 	// it is), or another's, which may be 0 on a store that keeps records
 	// outside any session (an etcd key put without a lease); found is
-	// false when it saw no record. ErrSessionEnded: id has ended and
+	// true when the record is there, written now or found, and false
+	// only when the call leaves none (the replica takes the record as
+	// its own only when found and under is id). ErrSessionEnded: id has
+	// ended and
 	// there is no record; when there is one, a store may answer its
 	// session without looking at id, or ErrSessionEnded. Bounded by ctx
 	// alone.
@@ -272,7 +295,8 @@ type Backend interface {
 // given up with ErrFeedSilent.
 type Feed interface {
 	// Batches is where the feed delivers; the caller receives from it
-	// until it stops the feed.
+	// until it stops the feed. The channel is never closed: a feed that
+	// failed, or has nothing to say, holds it open until Stop.
 	Batches() <-chan FeedBatch
 	// Stop ends the feed; it is called once, by the caller.
 	Stop()
@@ -289,16 +313,22 @@ type FeedBatch struct {
 // carries:
 //
 //	MemberPut   Member (the ID), Session, Created (the position that created the record: seniority), Digest, Leaving
-//	MemberGone  Member, Session (the session the record was under)
+//	MemberGone  Member; Session (the session the record was under) may be 0
 //	ClaimPut    Name, Member (the holder's ID), Session, Created (the holding's Revision)
-//	ClaimGone   Name, Member, Session (the holding that went)
+//	ClaimGone   Name; Member and Session (the holding that went) may be zero
 //	ChunkPut    Chunk, its Data set
 //	ChunkGone   Chunk, its Data nil
 //
-// Every change carries At, its position (in a listing, the record's last
-// write's). A member record moved from one session to the next (Begin
-// from prev) is a MemberPut under the new session, whose Created is the
-// new session's JoinedAt.
+// A deletion needs only its position and the record's identity (the
+// member's ID, the name, the chunk's member, digest, index and count):
+// the replica knows the rest from its view. Every change
+// carries At, its position (in a listing, the record's last write's). A
+// member record moved from one session to the next (Begin from prev) is
+// a MemberPut under the new session whose Created is the position that
+// created the record: a store that moves the record in place keeps its
+// first creation's, so the member keeps its seniority (etcd, sim); one
+// that makes a new record for the new session answers the new record's.
+// It is not the new session's JoinedAt.
 type ChangeKind uint8
 
 const (
@@ -337,16 +367,22 @@ type Chunk struct {
 	Data           []byte
 }
 
-// SessionID names one session of a backend; 0 names none. Examples: an
-// etcd lease's ID; on Kubernetes a hash of the session's identity.
+// SessionID names one session of a backend; 0 names none. It never names
+// two sessions of one group, an ended one included: a session that
+// ended never lives again ([ErrSessionEnded]). The backend chooses it,
+// the store's (an etcd lease's ID) or its own (a random positive number
+// chosen before the request that starts the session, which lets Begin
+// end a session whose answer was lost); on Kubernetes a hash of the
+// session's identity.
 type SessionID int64
 
 // Session is one that Backend.Begin started.
 type Session struct {
 	ID   SessionID
 	Sent time.Time // taken before the request that started the session: its validity counts from here
-	// JoinedAt is the position at which the member record was written,
-	// or found when it was moved.
+	// JoinedAt is the position at which Begin created the member
+	// record, or, when it moved the record from prev, the position it
+	// found it at (or the move's): see Backend.Begin.
 	JoinedAt int64
 }
 

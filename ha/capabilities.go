@@ -30,9 +30,9 @@ type Requester interface {
 // one Claim takes at most, and how many bytes of them. A replica keeps
 // each batch within both; a store that refuses one all the same answers
 // ErrTooManyOps or ErrTooLarge, and the replica halves its batches.
-// Without it a batch is at most defaultClaimNames names of at most
-// defaultClaimBytes bytes, a name costing its length and
-// defaultClaimOverhead.
+// Without it a batch is at most 128 names (defaultClaimNames) of at most
+// 1 MiB (defaultClaimBytes), a name costing its length plus 32 bytes
+// (defaultClaimOverhead): etcd's default transaction limits.
 type ClaimLimiter interface {
 	// ClaimCost is what one name adds to Claim's request, in bytes,
 	// roughly.
@@ -80,7 +80,7 @@ type HistoryReader interface {
 // after the readings put its end, and so holds its names that much
 // longer before they start elsewhere: a crashed replica's names move
 // that much later. A Backend that does not implement it is taken to
-// answer up to a second short (defaultRounding): etcd truncates the time
+// answer up to a second short (defaultRounding, 1s): etcd truncates the time
 // left to whole seconds. A store whose answers of a silent session are
 // never short answers 0: on Kubernetes an observer counts a silent
 // member's D from its own receipt of the member's last write, after the
@@ -111,8 +111,8 @@ func (r *Replica) request(parent context.Context) (context.Context, context.Canc
 }
 
 // ClaimCostOf is what name adds to a Claim on be, as a Replica counts
-// it: be's own cost (ClaimLimiter), or the name's length and
-// defaultClaimOverhead.
+// it: be's own cost (ClaimLimiter), or the name's length plus 32 bytes
+// (defaultClaimOverhead).
 func ClaimCostOf(be Backend, name string) int {
 	if cl, ok := be.(ClaimLimiter); ok {
 		return cl.ClaimCost(name)
@@ -121,7 +121,7 @@ func ClaimCostOf(be Backend, name string) int {
 }
 
 // ClaimLimitsOf returns the claim limits a Replica keeps be's batches
-// within: be's own (ClaimLimiter), or the defaults.
+// within: be's own (ClaimLimiter), or the defaults, 128 names and 1 MiB.
 func ClaimLimitsOf(be Backend) (names, bytes int) {
 	if cl, ok := be.(ClaimLimiter); ok {
 		return cl.ClaimLimits()

@@ -19,26 +19,35 @@ import (
 // election timeout allows, and whole seconds, as etcd counts.
 const TTL = 2 * time.Second
 
-// Group is one fresh group on the store under test: Backend returns the
-// backend of a replica with that ID, and is required; its BackendConfig
-// is a Replica's at TTL: Window TTL − TTL/4, RenewEvery a quarter of
-// that. SlowBegin and
-// LoseBegin are fault hooks a store offers the suite, optional as a
-// store's capabilities are: without SlowBegin its case reads the
-// validity of an answer that came at once; without LoseBegin its case
-// is skipped, saying so.
+// Group is one fresh group on the store under test, filled by the test
+// that runs a case (see the package documentation for one). Backend
+// returns the backend of a replica with that ID, and is required; the
+// harness makes it with the BackendConfig a Replica would give at TTL:
+// ID id, TTL, Window TTL − TTL/4, RenewEvery a quarter of that, a
+// RequestTimeout longer than the 1.2s by which SlowBegin's case holds an
+// answer back (2s, as this repository's stores use), and a non-nil
+// Logger and Stopping, as a Replica always gives. SlowBegin and LoseBegin are
+// fault hooks a store offers the suite, optional as a store's
+// capabilities are: without SlowBegin its case reads the validity of an
+// answer that came at once; without LoseBegin its case is skipped,
+// saying so.
 type Group struct {
 	Backend func(id string) ha.Backend
-	// Slack is how much later than the TTL a session may end: a second
-	// on etcd, which truncates remaining TTLs to whole seconds and
-	// checks expiry every 500ms; on Kubernetes what another replica's
-	// observer takes to prove it (it looks every TTL/8, then reads and
-	// deletes); none in memory.
+	// Slack is how much later than the TTL a session may end, and how
+	// much short of the TTL a renewal's valid and a fresh reading's
+	// left (TimeLeft, PeerLeft) may answer: a second on etcd, which
+	// truncates remaining TTLs to whole seconds and checks expiry every
+	// 500ms; on Kubernetes what another replica's observer takes to
+	// prove it (it looks every TTL/8, then reads and deletes); none in
+	// memory. On a store that carries expiry out itself: at least the
+	// longest between a validity running out and the end being carried
+	// out (its polling period), plus a request's round trip.
 	Slack time.Duration
 	// Early is how long before a validity runs out a case reads that
 	// the session still lives: what the reading may take to arrive.
 	// 300ms on etcd and Kubernetes; a nanosecond in memory, where a
-	// reading takes no time.
+	// reading takes no time; on a store of your own, its longest round
+	// trip.
 	Early time.Duration
 	// NoHistory says the store keeps no earlier state of the group: its
 	// backend is no ha.HistoryReader, or HeldAt answers an error for
@@ -47,13 +56,16 @@ type Group struct {
 	// at all, from a cache of recent changes). False on etcd and in
 	// memory, which answer it until a compaction.
 	NoHistory bool
-	// SlowBegin holds the answer to the next Begin back by d, the
-	// session started meanwhile: on etcd, the answer to its grant; on
-	// Kubernetes, to the create of its member Lease.
+	// SlowBegin holds the answer to the next Begin of any replica of
+	// the group back by d, the session started meanwhile: on etcd, the
+	// answer to its grant; on Kubernetes, to the create of its member
+	// Lease. The Begin then answers as late as d, or fails when its
+	// context ends first.
 	SlowBegin func(d time.Duration)
 	// NewReplica makes replica id of the group on the store under
-	// test, with o (the harness sets Prefix and whatever its store
-	// needs; zero fields take their defaults), not joined: for the case
+	// test, with o (the case sets TTL, Margin, Settle and Logger; the
+	// harness sets Prefix, ID to id, and whatever its store needs; zero
+	// fields take their defaults), not joined: for the case
 	// of whole replicas, which is skipped, saying so, without it. The
 	// case closes every replica it made.
 	NewReplica func(id string, o ha.Options) (*ha.Replica, error)
@@ -67,9 +79,11 @@ type Group struct {
 	// does; nil on a store that keeps no history to lose (NoHistory) or
 	// offers no such hook, whose case is then skipped, saying so.
 	Compact func()
-	// LoseBegin loses the answer to the next Begin, whose requests the
-	// store carried out: on etcd, the answer to its member record's
-	// write; on Kubernetes, to the create of its member Lease.
+	// LoseBegin loses the answer to the next Begin of any replica of
+	// the group, whose requests the store carried out: on etcd, the
+	// answer to its member record's write; on Kubernetes, to the create
+	// of its member Lease. The Begin must then fail and leave no member
+	// record under a live session (see ha.Backend's Begin).
 	LoseBegin func()
 }
 
