@@ -17,11 +17,15 @@ import (
 	"github.com/bgctl/controller/ha"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The server's timeouts set low on the role the store connects as: its
-// statements and transactions are short, so the replicas work as under
-// the defaults, spread, crash and leave without overlap.
+// The server's timeouts set low on the role the store connects as (for
+// its user code, say): the store's transactions set their own
+// statement and lock timeouts, so that a first request waiting for the
+// schema's lock and a write waiting for the group's row wait past the
+// role's; the replicas spread, crash and leave without overlap. Without
+// those, each wait fails with the server's lock timeout (55P03).
 func TestReplicasWorkUnderLowServerTimeouts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -45,7 +49,29 @@ func TestReplicasWorkUnderLowServerTimeouts(t *testing.T) {
 	if settings != "100ms 50ms 100ms" {
 		t.Fatalf("the role's timeouts: %q, want 100ms 50ms 100ms", settings)
 	}
-	replicas, rec, _ := joinThree(t, Store(pool, StoreOptions{}), newGroup("timeouts"))
+	group := newGroup("timeouts")
+
+	// A store's first request, a Begin, waits 300ms for the schema's
+	// lock, and another Begin as long for the group's row, held by
+	// another transaction: past the role's lock_timeout and
+	// statement_timeout.
+	st := newPoolStore(t, pool)
+	b := st.backend(ha.BackendConfig{Group: group, ID: "r9", TTL: 5 * time.Second})
+	beginAndEnd := func() error {
+		s, err := b.Begin(ctx, 0, 5*time.Second, "d")
+		if err == nil {
+			err = b.End(ctx, s.ID)
+		}
+		return err
+	}
+	if err := whileLocked(t, admin, beginAndEnd, sqlSchemaLock, defaultSchema); err != nil {
+		t.Fatalf("a store's first Begin, which waited for the schema's lock: %v", err)
+	}
+	if err := whileLocked(t, admin, beginAndEnd, "SELECT 1 FROM bgctl_ha.groups WHERE grp = $1 FOR UPDATE", group); err != nil {
+		t.Fatalf("a Begin which waited for the group's row: %v", err)
+	}
+
+	replicas, rec, _ := joinThree(t, Store(pool, StoreOptions{}), group)
 	await(t, 20*time.Second, "every name on one replica, each running some", func() bool { return spreadOver(replicas) })
 	crashThenLeave(t, replicas, rec)
 }
@@ -137,6 +163,39 @@ func TestLongFencedTransactionHoldsTheTakeoverOffATTLAtMost(t *testing.T) {
 	if n := len(ids("min", "r0")); n != 0 {
 		t.Errorf("rows of r0's long transactions committed for %d names", n)
 	}
+}
+
+// newPoolStore returns a store of its own on pool, with the default
+// options.
+func newPoolStore(t *testing.T, pool *pgxpool.Pool) *store {
+	t.Helper()
+	st, err := newStore(pool, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// whileLocked runs request while a transaction of admin holds the lock
+// lock takes, which it lets go after 300ms, and returns request's error.
+func whileLocked(t *testing.T, admin *pgxpool.Pool, request func() error, lock string, args ...any) error {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, lock, args...); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- request() }()  // joined below: <-done
+	time.Sleep(300 * time.Millisecond) // the lock held
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
 }
 
 // allRunning reports whether r runs every one of names.
