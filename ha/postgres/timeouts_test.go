@@ -77,7 +77,8 @@ func TestReplicasWorkUnderLowServerTimeouts(t *testing.T) {
 }
 
 // A DoFunc that keeps a long transaction busy after Held (a statement
-// every 50ms, whatever its context says) holds its session's end off
+// every 50ms, each ignoring its context, then a commit once its context
+// ended) holds its session's end off
 // while its replica is cut off from the server, but no longer than the
 // bound Held set: idle for a TTL, the server ends the transaction, and
 // the waiting replica takes the names. Nothing the long transaction
@@ -111,7 +112,7 @@ func TestLongFencedTransactionHoldsTheTakeoverOffATTLAtMost(t *testing.T) {
 					}
 					time.Sleep(50 * time.Millisecond)
 				}
-				return errors.New("cancelled: rolled back")
+				return nil // its work done: commit
 			})
 			mu.Lock()
 			longErrs = append(longErrs, err)
@@ -124,13 +125,13 @@ func TestLongFencedTransactionHoldsTheTakeoverOffATTLAtMost(t *testing.T) {
 	}
 	await(t, 10*time.Second, "r0 running every name", func() bool { return allRunning(r0, pausedNames) })
 
-	stop := make(chan struct{})
-	defer close(stop) // before r1.Close: its DoFuncs return, and Close joins them
 	r1, err := ha.New(Store(direct, StoreOptions{}), pausedOptions(group, "r1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r1.Close()
+	stop := make(chan struct{})
+	defer close(stop) // before r1.Close: its DoFuncs return, and Close joins them
 	for _, name := range pausedNames {
 		_ = r1.UpdateController(name, controller.ControllerParams{DoFunc: fencedLoop(direct, table, "r1", func(n string) {
 			t.Errorf("r1, the new holder, was refused for %s", n)
