@@ -61,7 +61,9 @@
 // code can exhaust (transactions left open, a burst of queries) delays
 // them, and a replica whose renewals fail for its window stops its
 // names. Give the store a pool of its own, or keep room in the shared
-// one.
+// one. A statement_timeout or lock_timeout set low on the pool's role
+// for user code does not cut the store's transactions short: they set
+// their own, bounded by the replica's RequestTimeout.
 //
 // # Server versions
 //

@@ -34,6 +34,19 @@ var serviceNames = func() []string {
 // and joins; the test's cleanup closes it.
 func joinReplica(t *testing.T, store ha.Store, group, id string, rec *sim.Recorder) *ha.Replica {
 	t.Helper()
+	return joinReplicaWith(t, store, group, id, rec, func(*ha.Replica, string) controller.ControllerParams { return untilCancelled })
+}
+
+// untilCancelled is a controller whose DoFunc runs until its context
+// ends.
+var untilCancelled = controller.ControllerParams{
+	DoFunc: func(ctx context.Context) error { <-ctx.Done(); return nil },
+}
+
+// joinReplicaWith is joinReplica with the controllers params returns,
+// given the replica and the name.
+func joinReplicaWith(t *testing.T, store ha.Store, group, id string, rec *sim.Recorder, params func(r *ha.Replica, name string) controller.ControllerParams) *ha.Replica {
+	t.Helper()
 	r, err := ha.New(store, ha.Options{
 		Prefix:         group,
 		ID:             id,
@@ -45,9 +58,7 @@ func joinReplica(t *testing.T, store ha.Store, group, id string, rec *sim.Record
 	}
 	t.Cleanup(func() { _ = r.Close() })
 	for _, name := range serviceNames {
-		err := rec.Controllers(r).UpdateController(name, controller.ControllerParams{
-			DoFunc: func(ctx context.Context) error { <-ctx.Done(); return nil },
-		})
+		err := rec.Controllers(r).UpdateController(name, params(r, name))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,6 +91,24 @@ func placement(replicas map[string]*ha.Replica) (on map[string]string, count map
 	return on, count
 }
 
+// placedOnce reports whether every name runs on exactly one of replicas.
+func placedOnce(replicas map[string]*ha.Replica) bool {
+	on, _ := placement(replicas)
+	for _, name := range serviceNames {
+		if on[name] == "" || on[name] == "+" {
+			return false
+		}
+	}
+	return true
+}
+
+// spreadOver reports whether every name runs on exactly one of replicas,
+// and each of them runs some.
+func spreadOver(replicas map[string]*ha.Replica) bool {
+	_, count := placement(replicas)
+	return placedOnce(replicas) && len(count) == len(replicas)
+}
+
 // await polls cond every 50ms until it holds, or fails the test after
 // within.
 func await(t *testing.T, within time.Duration, what string, cond func() bool) {
@@ -102,17 +131,22 @@ func TestReplicasSpreadCrashAndLeaveWithoutOverlap(t *testing.T) {
 	for _, id := range []string{"r0", "r1", "r2"} {
 		replicas[id] = joinReplica(t, store, group, id, &rec)
 	}
-	spread := func() bool {
-		on, count := placement(replicas)
-		for _, name := range serviceNames {
-			if on[name] == "" || on[name] == "+" {
-				return false
-			}
+	await(t, 20*time.Second, "every name on one replica, each replica running some", func() bool { return spreadOver(replicas) })
+	crashThenLeave(t, replicas, &rec)
+	for _, name := range serviceNames {
+		if len(rec.Runs(name)) == 0 {
+			t.Errorf("%s never ran", name)
 		}
-		return len(count) == len(replicas)
 	}
-	await(t, 20*time.Second, "every name on one replica, each replica running some", spread)
+}
 
+// crashThenLeave crashes r1 of replicas (Close without Leave), whose
+// names must run on r0 and r2 within its TTL and a few seconds, then
+// makes r2 leave, whose names must run on r0 within a TTL; no name may
+// run on two replicas at once meanwhile.
+func crashThenLeave(t *testing.T, replicas map[string]*ha.Replica, rec *sim.Recorder) {
+	t.Helper()
+	spread := func() bool { return spreadOver(replicas) }
 	// r1 crashes: its names run elsewhere once its session ran out.
 	_, count := placement(replicas)
 	crashed := time.Now()
@@ -135,11 +169,6 @@ func TestReplicasSpreadCrashAndLeaveWithoutOverlap(t *testing.T) {
 	if o := rec.Overlaps(); len(o) > 0 {
 		t.Errorf("names ran on two replicas at once: %v", o)
 	}
-	for _, name := range serviceNames {
-		if len(rec.Runs(name)) == 0 {
-			t.Errorf("%s never ran", name)
-		}
-	}
 }
 
 // joinThree joins replicas r0, r1 and r2 of group on store, their
@@ -152,15 +181,7 @@ func joinThree(t *testing.T, store ha.Store, group string) (map[string]*ha.Repli
 	for _, id := range []string{"r0", "r1", "r2"} {
 		replicas[id] = joinReplica(t, store, group, id, rec)
 	}
-	once := func() bool {
-		on, _ := placement(replicas)
-		for _, name := range serviceNames {
-			if on[name] == "" || on[name] == "+" {
-				return false
-			}
-		}
-		return true
-	}
+	once := func() bool { return placedOnce(replicas) }
 	await(t, 20*time.Second, "every name on one replica", once)
 	return replicas, rec, once
 }

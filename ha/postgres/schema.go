@@ -23,6 +23,10 @@ var SchemaSQL string
 // the table schema_version; a store refuses tables of another version.
 const SchemaVersion = 1
 
+// sqlSchemaLock takes the lock that serializes the checks of schema $1,
+// for the transaction.
+const sqlSchemaLock = `SELECT pg_advisory_xact_lock(hashtext('github.com/bgctl/controller/ha/postgres ' || $1))`
+
 // ready creates the store's schema if missing and checks its version,
 // once per store: every backend's first request waits for it. Concurrent
 // stores (replicas in other processes) serialize on an advisory lock
@@ -34,8 +38,8 @@ func (s *store) ready(ctx context.Context) error {
 	if s.setupDone {
 		return nil
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('github.com/bgctl/controller/ha/postgres ' || $1))`, s.schema); err != nil {
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginBounded(0)}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlSchemaLock, s.schema); err != nil {
 			return err
 		}
 		var exists bool

@@ -39,6 +39,23 @@ type writeTx struct {
 	changed bool  // a change was logged: the feeds are notified at commit
 }
 
+// writeBound is the server's bound, in ms, on a write transaction's
+// statements, lock waits and idle time: the request's, at least a
+// second.
+func (b *backend) writeBound() int64 { return max(b.cfg.RequestTimeout, time.Second).Milliseconds() }
+
+// beginBounded is the BEGIN of the store's own transactions, which sets
+// the server's statement_timeout and lock_timeout for the transaction
+// to ms (0: none, the request's context alone bounds it), in the same
+// round trip. A role or a database may set them low for user code; the
+// store's statements are short, but its writes wait their turn for the
+// group's row and its first request for the schema's lock, waits its
+// requests' contexts already bound. DESIGN.md, "Partitions and
+// timeouts".
+func beginBounded(ms int64) string {
+	return fmt.Sprintf("BEGIN; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d", ms, ms)
+}
+
 // Expiry and a renewal of one session cannot both succeed: the expiry
 // locks the session row and deletes it only while expires_at has passed
 // on the server's clock (a renewal committed first moved it: the row is
@@ -81,7 +98,7 @@ func (b *backend) write(ctx context.Context, f func(ctx context.Context, w *writ
 	if err := b.st.ready(ctx); err != nil {
 		return err
 	}
-	tx, err := b.st.pool.Begin(ctx)
+	tx, err := b.st.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginBounded(b.writeBound())})
 	if err != nil {
 		return err
 	}
@@ -112,13 +129,12 @@ func (b *backend) write(ctx context.Context, f func(ctx context.Context, w *writ
 // the group's position.
 func (w *writeTx) lock(ctx context.Context) error {
 	q := w.b.st.q
-	idle := max(w.b.cfg.RequestTimeout, time.Second).Milliseconds()
-	err := w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group, idle).Scan(&w.pos, new(string))
+	err := w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group, w.b.writeBound()).Scan(&w.pos, new(string))
 	if errors.Is(err, pgx.ErrNoRows) {
 		if _, err := w.tx.Exec(ctx, q.sql(sqlAddGroup), w.b.cfg.Group); err != nil {
 			return err
 		}
-		err = w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group, idle).Scan(&w.pos, new(string))
+		err = w.tx.QueryRow(ctx, q.sql(sqlLockGroup), w.b.cfg.Group, w.b.writeBound()).Scan(&w.pos, new(string))
 	}
 	if err != nil {
 		return fmt.Errorf("locking group %q: %w", w.b.cfg.Group, err)
