@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
@@ -59,11 +60,21 @@ func newPool(t testing.TB, conns int32) *pgxpool.Pool {
 // connections, closed when t ends.
 func newPoolOn(t testing.TB, dsn string, conns int32) *pgxpool.Pool {
 	t.Helper()
+	return newTracedPool(t, dsn, conns, nil)
+}
+
+// newTracedPool is newPoolOn, with tracer (if not nil) tracing the
+// pool's statements.
+func newTracedPool(t testing.TB, dsn string, conns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = conns
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
