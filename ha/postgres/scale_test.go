@@ -88,10 +88,7 @@ func (s *scaleRun) renewEvery() time.Duration { return (s.ttl - s.ttl/4) / 4 }
 // every name runs on exactly one of them.
 func startScale(t *testing.T, n int, ttl time.Duration) *scaleRun {
 	t.Helper()
-	s := &scaleRun{t: t, n: n, ttl: ttl, group: newGroup("scale"), admin: newPool(t, 2), tally: newTally(n)}
-	for i := range n {
-		s.names = append(s.names, fmt.Sprintf("job-%06d", i))
-	}
+	s := &scaleRun{t: t, n: n, ttl: ttl, group: newGroup("scale"), names: jobNames(n, "job-%06d"), admin: newPool(t, 2), tally: newTally(n)}
 	for i := range 3 {
 		tr := newWriteTracer("")
 		r, err := ha.New(Store(newTracedPool(t, testServer.DSN, 8, tr), StoreOptions{}), ha.Options{
