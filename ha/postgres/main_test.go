@@ -22,6 +22,9 @@ var testServer *pgServer
 // TestMain starts the server, runs the tests, and stops it; the run
 // fails, never skips, when the server cannot start.
 func TestMain(m *testing.M) {
+	if os.Getenv(measureKind) != "" {
+		os.Exit(runMeasureChild()) // a holder of the measured names (measure_test.go)
+	}
 	if os.Getenv(childDSN) != "" {
 		os.Exit(runChild()) // a replica of the paused test (paused_test.go)
 	}
