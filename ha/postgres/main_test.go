@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
@@ -21,6 +22,9 @@ var testServer *pgServer
 // TestMain starts the server, runs the tests, and stops it; the run
 // fails, never skips, when the server cannot start.
 func TestMain(m *testing.M) {
+	if os.Getenv(measureKind) != "" {
+		os.Exit(runMeasureChild()) // a holder of the measured names (measure_test.go)
+	}
 	if os.Getenv(childDSN) != "" {
 		os.Exit(runChild()) // a replica of the paused test (paused_test.go)
 	}
@@ -59,11 +63,21 @@ func newPool(t testing.TB, conns int32) *pgxpool.Pool {
 // connections, closed when t ends.
 func newPoolOn(t testing.TB, dsn string, conns int32) *pgxpool.Pool {
 	t.Helper()
+	return newTracedPool(t, dsn, conns, nil)
+}
+
+// newTracedPool is newPoolOn, with tracer (if not nil) tracing the
+// pool's statements.
+func newTracedPool(t testing.TB, dsn string, conns int32, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = conns
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -69,11 +69,15 @@ func fencedLoop(pool *pgxpool.Pool, table, writer string, refused func(name stri
 // pausedOptions are the replicas' options: Leader mode, so that the
 // frozen replica, once it rejoins, never gets a name back from the
 // senior one.
-func pausedOptions(group, id string) ha.Options {
+func pausedOptions(group, id string) ha.Options { return leaderOptions(group, id, pausedTTL) }
+
+// leaderOptions are the options of replica id of group with ttl in
+// Leader mode: the senior replica runs every name, the others wait.
+func leaderOptions(group, id string, ttl time.Duration) ha.Options {
 	return ha.Options{
 		Prefix:         group,
 		ID:             id,
-		TTL:            pausedTTL,
+		TTL:            ttl,
 		Mode:           ha.Leader,
 		ManagerOptions: []controller.Option{controller.WithSlog(slog.New(slog.DiscardHandler))},
 	}
@@ -150,9 +154,17 @@ type replicaProcess struct {
 // table; the test's cleanup kills it and waits for it.
 func startReplicaProcess(t *testing.T, group, table string) *replicaProcess {
 	t.Helper()
+	return startChild(t, childDSN+"="+testServer.DSN, childGroup+"="+group, childTable+"="+table)
+}
+
+// startChild starts the test binary as a child with env added to its
+// environment (which TestMain tells a child by); the test's cleanup
+// kills it and waits for it.
+func startChild(t *testing.T, env ...string) *replicaProcess {
+	t.Helper()
 	p := &replicaProcess{lines: make(chan string, 100), done: make(chan struct{})}
 	p.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	p.cmd.Env = append(os.Environ(), childDSN+"="+testServer.DSN, childGroup+"="+group, childTable+"="+table)
+	p.cmd.Env = append(os.Environ(), env...)
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -21,13 +21,16 @@ import (
 const replicaTTL = 2 * time.Second
 
 // serviceNames are the controllers of the service the tests replicate.
-var serviceNames = func() []string {
-	var names []string
-	for i := range 12 {
-		names = append(names, fmt.Sprintf("job-%02d", i))
+var serviceNames = jobNames(12, "job-%02d")
+
+// jobNames returns n names, format applied to 0 … n-1.
+func jobNames(n int, format string) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf(format, i)
 	}
 	return names
-}()
+}
 
 // joinReplica makes replica id of group on store, registers the
 // service's controllers through rec (each runs until its context ends),
