@@ -26,6 +26,9 @@
 // It exits with status 1 when a name ran on two replicas at once, or
 // when at the end a name does not run on exactly one replica.
 //
+// Each replica has two pools, as the module's guide advises: the store's
+// own, and the one its DoFuncs write through.
+//
 // It is a package of the module ha/postgres rather than a module of its
 // own: it needs nothing beyond that module's requirements (pgx, ha, the
 // core), and it starts its server through the module's internal/pgtest,
@@ -89,11 +92,23 @@ func main() {
 	}
 }
 
-// replica is one member of the group, with the pool it reaches the
-// database through, its own as a process of its own would have.
+// replica is one member of the group, with the pools it reaches the
+// database through, its own as a process of its own would have: one for
+// the store (its feed's connection and its renewals), one for the
+// service's work, so that the work never holds the renewals up.
 type replica struct {
-	r    *ha.Replica
-	pool *pgxpool.Pool
+	r     *ha.Replica
+	store *pgxpool.Pool
+	work  *pgxpool.Pool
+}
+
+// close closes the pools m made.
+func (m *replica) close() {
+	for _, p := range []*pgxpool.Pool{m.work, m.store} {
+		if p != nil {
+			p.Close()
+		}
+	}
 }
 
 // run starts the replicas, each with every controller, crashes the
@@ -142,7 +157,7 @@ func run(o options) error {
 				if err := m.r.Leave(leaveCtx); err != nil {
 					fmt.Fprintf(os.Stderr, "replicas: %s: leave: %v\n", id, err)
 				}
-				m.pool.Close()
+				m.close()
 			}
 		}
 	}()
@@ -209,51 +224,62 @@ func run(o options) error {
 	return errors.Join(errs...)
 }
 
-// startReplica makes replica id on a pool of its own, registers every
+// startReplica makes replica id on pools of its own, registers every
 // name on it and joins.
-func startReplica(ctx context.Context, dsn string, o options, id string, names []string, b *board, logger *slog.Logger) (*replica, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("-dsn: %w", err)
-	}
-	// The feed's connection, the renewals and the DoFuncs' transactions.
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
+func startReplica(ctx context.Context, dsn string, o options, id string, names []string, b *board, logger *slog.Logger) (_ *replica, err error) {
+	m := &replica{}
+	defer func() {
+		if err != nil {
+			m.close()
+		}
+	}()
+	// The store's pool: the feed holds one connection, renewals and
+	// claims take another now and then.
+	if m.store, err = newPool(ctx, dsn, 4); err != nil {
 		return nil, err
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bgctl_example_jobs (name text PRIMARY KEY, replica text NOT NULL, writes bigint NOT NULL)`); err != nil {
-		pool.Close()
+	// The service's: the DoFuncs' transactions.
+	if m.work, err = newPool(ctx, dsn, 8); err != nil {
+		return nil, err
+	}
+	if _, err := m.work.Exec(ctx, `CREATE TABLE IF NOT EXISTS bgctl_example_jobs (name text PRIMARY KEY, replica text NOT NULL, writes bigint NOT NULL)`); err != nil {
 		return nil, fmt.Errorf("creating the example's table: %w", err)
 	}
-	r, err := ha.New(postgres.Store(pool, postgres.StoreOptions{}), ha.Options{
+	m.r, err = ha.New(postgres.Store(m.store, postgres.StoreOptions{}), ha.Options{
 		Prefix:         o.group,
 		ID:             id,
 		TTL:            o.ttl,
 		ManagerOptions: []controller.Option{controller.WithSlog(logger)},
 	})
 	if err != nil {
-		pool.Close()
 		return nil, err
 	}
 	for _, name := range names {
-		err := r.UpdateController(name, controller.ControllerParams{
-			DoFunc:      func(ctx context.Context) error { return job(ctx, pool, name, id, b) },
+		err := m.r.UpdateController(name, controller.ControllerParams{
+			DoFunc:      func(ctx context.Context) error { return job(ctx, m.work, name, id, b) },
 			RunInterval: time.Second,
 		})
 		if err != nil {
-			pool.Close()
 			return nil, err
 		}
 	}
 	joinCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := r.Join(joinCtx); err != nil {
-		_ = r.Close()
-		pool.Close()
+	if err := m.r.Join(joinCtx); err != nil {
+		_ = m.r.Close()
 		return nil, fmt.Errorf("%s: join: %w", id, err)
 	}
-	return &replica{r: r, pool: pool}, nil
+	return m, nil
+}
+
+// newPool returns a pool on dsn of at most conns connections.
+func newPool(ctx context.Context, dsn string, conns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("-dsn: %w", err)
+	}
+	cfg.MaxConns = conns
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // job is the work of name on replica id: until its context ends, a
@@ -296,10 +322,10 @@ ON CONFLICT (name) DO UPDATE SET replica = $2, writes = bgctl_example_jobs.write
 }
 
 // crash stops m as a crashed process would: its controllers stop and its
-// session is left to run out (Close, no Leave), then its pool closes.
+// session is left to run out (Close, no Leave), then its pools close.
 func crash(m *replica) {
 	if err := m.r.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "replicas: %s: close: %v\n", m.r.ID(), err)
 	}
-	m.pool.Close()
+	m.close()
 }
