@@ -49,6 +49,7 @@ import (
 
 	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
+	"github.com/bgctl/controller/ha/internal/examplekit"
 	"github.com/bgctl/controller/ha/postgres"
 	"github.com/bgctl/controller/ha/postgres/internal/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -80,16 +81,7 @@ func main() {
 	flag.StringVar(&o.listen, "listen", "", "serve the placement pages and readiness on this host:port (port 0: any)")
 	flag.StringVar(&o.group, "group", "replicas-example", "the group's name (ha.Options.Prefix)")
 	flag.BoolVar(&o.verbose, "v", false, "log the replicas' claims and releases")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "replicas: unexpected arguments %q\n", flag.Args())
-		flag.Usage()
-		os.Exit(2)
-	}
-	if err := run(o); err != nil {
-		fmt.Fprintln(os.Stderr, "replicas:", err)
-		os.Exit(1)
-	}
+	examplekit.Main("replicas", func() error { return run(o) })
 }
 
 // replica is one member of the group, with the pools it reaches the
@@ -174,7 +166,7 @@ func run(o options) error {
 		for i, id := range ids {
 			rs[i] = members[id].r
 		}
-		stopServing, err := serve(o.listen, rs)
+		stopServing, err := examplekit.Serve(o.listen, rs)
 		if err != nil {
 			return err
 		}
@@ -194,17 +186,17 @@ func run(o options) error {
 		case <-tick.C:
 		}
 		at := time.Since(start).Round(100 * time.Millisecond)
-		if line := b.line(); line != last {
+		if line := b.Line(ids); line != last {
 			fmt.Printf("%6v  %s\n", at, line)
 			last = line
 		}
-		if orphans != nil && b.allMoved(orphans, victim) {
+		if orphans != nil && b.AllMoved(orphans, victim) {
 			fmt.Printf("%6v  the others run %s's %d names, %v after its crash (TTL %v)\n",
 				at, victim, len(orphans), time.Since(crashedAt).Round(10*time.Millisecond), o.ttl)
 			orphans = nil
 		}
 		if crashedAt.IsZero() && o.duration > 0 && time.Since(start) >= o.duration/2 && !done {
-			orphans = b.on(victim)
+			orphans = b.On(victim)
 			fmt.Printf("%6v  crashing %s, which runs %s: its names wait for its session to run out\n",
 				at, victim, strings.Join(orphans, " "))
 			crashedAt = time.Now()
@@ -214,8 +206,9 @@ func run(o options) error {
 	}
 
 	// Checked before the Leaves, which stop every name.
-	errs := []error{b.placed(names)}
-	starts, overlaps, writes, refused := b.counts()
+	errs := []error{b.Placed(names)}
+	starts, overlaps := b.Counts()
+	writes, refused := b.writeCounts()
 	fmt.Printf("%d starts, %d while the name ran on another replica; %d fenced writes committed, %d refused (the name had moved)\n",
 		starts, overlaps, writes, refused)
 	if overlaps > 0 {
@@ -287,7 +280,7 @@ func newPool(ctx context.Context, dsn string, conns int32) (*pgxpool.Pool, error
 // (postgres.Held), so that it commits only while this replica holds the
 // name.
 func job(ctx context.Context, pool *pgxpool.Pool, name, id string, b *board) error {
-	defer b.start(name, id)()
+	defer b.Start(name, id)()
 	claim, ok := ha.ClaimFrom(ctx)
 	if !ok {
 		return errors.New("job runs only on a replica")
