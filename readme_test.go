@@ -49,6 +49,13 @@ func (s readmeSnippet) usesKube() bool {
 	return strings.Contains(s.code, `"github.com/bgctl/controller/ha/kube"`)
 }
 
+// usesPostgres tells a snippet of the PostgreSQL store, which
+// ha/postgres's tests vet, build and run against their server with that
+// module (TestReadmePostgresProgramsRun).
+func (s readmeSnippet) usesPostgres() bool {
+	return strings.Contains(s.code, `"github.com/bgctl/controller/ha/postgres"`)
+}
+
 // docFiles returns README.md and every guide in docs/, the files whose Go
 // snippets are built and run.
 func docFiles(t *testing.T) []string {
@@ -103,7 +110,8 @@ func readmeSnippets(t *testing.T) []readmeSnippet {
 // "Every replica runs one program", after a go get of ha/etcd from a
 // simulated release.
 // A snippet of the Kubernetes store (ha/kube) is vetted and built by that
-// module's tests instead, with its dependencies.
+// module's tests instead, with its dependencies; one of the PostgreSQL
+// store (ha/postgres) by that module's, which also run its programs.
 func TestReadmeGoSnippets(t *testing.T) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
@@ -116,6 +124,8 @@ func TestReadmeGoSnippets(t *testing.T) {
 			t.Errorf("%s: a Go snippet must be a whole file, from its package clause on, so that it runs as written:\n%s", s.where(), s.code)
 		case s.usesKube():
 			// built in ha/kube
+		case s.usesPostgres():
+			// built and run in ha/postgres
 		case s.usesReplicas():
 			replicas = append(replicas, s)
 		default:

@@ -31,7 +31,8 @@ const (
 
 // readmeReplicaPrograms returns the ```go blocks of README.md and
 // docs/*.md under root that import ha and are programs, but for the one the
-// release simulation runs, by file:line of their opening fence.
+// release simulation runs and those on another store, by file:line of
+// their opening fence.
 func readmeReplicaPrograms(t *testing.T, root string) map[string]string {
 	t.Helper()
 	guides, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
@@ -61,7 +62,10 @@ func readmeReplicaPrograms(t *testing.T, root string) map[string]string {
 			case start != 0 && line == "```":
 				src := code.String()
 				released := file == releaseProgramFile && section == releaseProgramSection
-				if !released && strings.Contains(src, `"github.com/bgctl/controller/ha"`) && strings.Contains(src, "\npackage main\n") {
+				// A program on another store is its module's (ha/postgres's
+				// TestReadmePostgresProgramsRun).
+				onEtcd := !strings.Contains(src, `"github.com/bgctl/controller/ha/postgres"`) && !strings.Contains(src, `"github.com/bgctl/controller/ha/kube"`)
+				if !released && onEtcd && strings.Contains(src, `"github.com/bgctl/controller/ha"`) && strings.Contains(src, "\npackage main\n") {
 					progs[fmt.Sprintf("%s:%d", file, start)] = src
 				}
 				start = 0

@@ -68,7 +68,21 @@
 //
 // # Server versions
 //
-// PostgreSQL 14 and later. The tests start their own server from
-// Debian's packages; only 15 is installable where CI runs, so 15 is the
-// one tested.
+// Tested against PostgreSQL 15 (Debian bookworm's, the oldest release
+// the PostgreSQL project still supports) and 18.4 (the newest): the tests
+// start their own server, from Debian's packages or from the directory
+// -pg.bin names. The store needs 10 or later, for identity columns (GENERATED ALWAYS AS
+// IDENTITY), the newest feature its SQL uses, and refuses an older
+// server at its first request with an error wrapping [ErrServerTooOld]
+// that names the server's version. pgx v5 supports the PostgreSQL
+// releases of the last five years (14 and later as this is written);
+// between 10 and 13 nothing in the store is known to break, and nothing
+// tests it.
+//
+// # The example
+//
+// examples/replicas in the module is a whole program: three replicas on
+// a server it starts (or on -dsn), writes fenced by Held, a crash
+// half-way, and the placement page. docs/replicas-postgres.md in the
+// repository is the guide.
 package postgres

@@ -5,19 +5,29 @@ package postgres
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha/postgres/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
 
+// pgBin is the directory of initdb and postgres; empty: the newest of
+// /usr/lib/postgresql/*/bin (Debian's packages).
+var pgBin = flag.String("pg.bin", "", "directory of PostgreSQL's initdb and postgres (default: the newest /usr/lib/postgresql/*/bin)")
+
 // testServer is the server every test of the package runs against.
-var testServer *pgServer
+var testServer *pgtest.Server
+
+// startPostgres starts a server of the tests' own (pgtest.Start), from
+// -pg.bin.
+func startPostgres() (*pgtest.Server, error) { return pgtest.Start(*pgBin) }
 
 // TestMain starts the server, runs the tests, and stops it; the run
 // fails, never skips, when the server cannot start.
@@ -39,7 +49,7 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "FAIL: the tests need a PostgreSQL server of their own: %v\n", err)
 		return 1
 	}
-	defer testServer.stop()
+	defer testServer.Stop()
 	code := m.Run()
 	if code == 0 {
 		// Every pool closed, every feed stopped: nothing of the tests'

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/bgctl/controller/ha/postgres/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -168,7 +169,7 @@ func (p *blackHole) pipe(dst, src net.Conn) {
 
 // proxiedPool returns a pool of at most conns connections to srv through
 // a black hole of its own, both closed when t ends.
-func proxiedPool(t testing.TB, srv *pgServer, conns int32) (*pgxpool.Pool, *blackHole) {
+func proxiedPool(t testing.TB, srv *pgtest.Server, conns int32) (*pgxpool.Pool, *blackHole) {
 	t.Helper()
 	p := newBlackHole(t, fmt.Sprintf("127.0.0.1:%d", srv.Port))
 	return newPoolOn(t, p.dsn(), conns), p

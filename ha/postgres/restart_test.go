@@ -16,16 +16,16 @@ func TestReplicasRideOutAServerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a second server: %v", err)
 	}
-	defer srv.stop()
+	defer srv.Stop()
 	pool := newPoolOn(t, srv.DSN, 16)
 	store := Store(pool, StoreOptions{})
 	group := newGroup("restart")
 	replicas, rec, once := joinThree(t, store, group)
 
 	down := time.Now()
-	srv.shutdown()
+	srv.Shutdown()
 	time.Sleep(300 * time.Millisecond) // every request fails meanwhile
-	if err := srv.start(); err != nil {
+	if err := srv.Restart(); err != nil {
 		t.Fatalf("starting the server again: %v", err)
 	}
 	t.Logf("the server was down %v", time.Since(down).Round(10*time.Millisecond))

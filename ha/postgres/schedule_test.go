@@ -60,7 +60,7 @@ func TestRandomScheduleOnPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a server of the schedule's own: %v", err)
 	}
-	defer srv.stop()
+	defer srv.Stop()
 	admin := newPoolOn(t, srv.DSN, 2)
 	group := newGroup("schedule")
 	rec := &sim.Recorder{}
@@ -143,9 +143,9 @@ func TestRandomScheduleOnPostgres(t *testing.T) {
 			delete(rs, id)
 			ops["leave"]++
 		case op == 5:
-			srv.shutdown()
+			srv.Shutdown()
 			time.Sleep(long / 3) // every request fails meanwhile
-			if err := srv.start(); err != nil {
+			if err := srv.Restart(); err != nil {
 				t.Fatalf("starting the server again: %v", err)
 			}
 			ops["server restart"]++

@@ -1,6 +1,6 @@
 // The schema: the SQL file shipped with the module, run by the store on
-// first use, and the version check that refuses tables of another
-// version.
+// first use after the server's version was checked (version.go), and
+// the version check that refuses tables of another version.
 
 package postgres
 
@@ -27,8 +27,9 @@ const SchemaVersion = 1
 // for the transaction.
 const sqlSchemaLock = `SELECT pg_advisory_xact_lock(hashtext('github.com/bgctl/controller/ha/postgres ' || $1))`
 
-// ready creates the store's schema if missing and checks its version,
-// once per store: every backend's first request waits for it. Concurrent
+// ready checks the server's version, creates the store's schema if
+// missing and checks its version, once per store: every backend's first
+// request waits for it. Concurrent
 // stores (replicas in other processes) serialize on an advisory lock
 // held for the transaction, so that two never create the tables at
 // once.
@@ -39,6 +40,14 @@ func (s *store) ready(ctx context.Context) error {
 		return nil
 	}
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: beginBounded(0)}, func(tx pgx.Tx) error {
+		var serverNum int
+		var serverVersion string
+		if err := tx.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('server_version')`).Scan(&serverNum, &serverVersion); err != nil {
+			return fmt.Errorf("reading the server's version: %w", err)
+		}
+		if err := checkServerVersion(serverNum, serverVersion); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, sqlSchemaLock, s.schema); err != nil {
 			return err
 		}

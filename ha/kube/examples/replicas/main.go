@@ -38,6 +38,7 @@ import (
 
 	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha"
+	"github.com/bgctl/controller/ha/internal/examplekit"
 	"github.com/bgctl/controller/ha/kube"
 )
 
@@ -67,16 +68,7 @@ func main() {
 	flag.StringVar(&o.group, "group", "replicas-example", "the group's name, the prefix of its Lease names")
 	flag.DurationVar(&o.duration, "duration", 0, "leave after this long; 0: on SIGINT or SIGTERM")
 	flag.BoolVar(&o.verbose, "v", false, "log the replicas' claims and releases")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "replicas: unexpected arguments %q\n", flag.Args())
-		flag.Usage()
-		os.Exit(2)
-	}
-	if err := run(o); err != nil {
-		fmt.Fprintln(os.Stderr, "replicas:", err)
-		os.Exit(1)
-	}
+	examplekit.Main("replicas", func() error { return run(o) })
 }
 
 // run starts the replicas, each with every controller, until SIGINT,
@@ -117,7 +109,7 @@ func run(o options) error {
 	for i := range names {
 		names[i] = fmt.Sprintf("job-%02d", i)
 	}
-	t := newTally()
+	t := examplekit.NewTally()
 	var rs []*ha.Replica
 	defer func() { // every replica made leaves, whatever went wrong
 		leaveCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -138,7 +130,7 @@ func run(o options) error {
 		for _, name := range names {
 			err := r.UpdateController(name, controller.ControllerParams{
 				DoFunc: func(ctx context.Context) error {
-					defer t.start(name, id)()
+					defer t.Start(name, id)()
 					<-ctx.Done() // works until its replica stops it
 					return nil
 				},
@@ -156,7 +148,7 @@ func run(o options) error {
 		}
 	}
 	if o.listen != "" {
-		stopServing, err := serve(o.listen, rs)
+		stopServing, err := examplekit.Serve(o.listen, rs)
 		if err != nil {
 			return err
 		}
@@ -173,16 +165,16 @@ func run(o options) error {
 			done = true
 		case <-tick.C:
 		}
-		if line := t.line(ids); line != last {
+		if line := t.Line(ids); line != last {
 			fmt.Printf("%6v  %s\n", time.Since(start).Round(100*time.Millisecond), line)
 			last = line
 		}
 	}
 	var errs []error
 	if c.whole {
-		errs = append(errs, t.placed(names))
+		errs = append(errs, t.Placed(names))
 	}
-	starts, overlaps := t.counts()
+	starts, overlaps := t.Counts()
 	fmt.Printf("%d starts; %d while the name ran on another replica\n", starts, overlaps)
 	if overlaps > 0 {
 		errs = append(errs, fmt.Errorf("%d names started while they ran on another replica", overlaps))

@@ -1,7 +1,7 @@
-// The pages (-listen): each replica's placement page and health, ha's
-// handlers.
+// The pages an example serves (its -listen): each replica's placement
+// page and health, ha's handlers.
 
-package main
+package examplekit
 
 import (
 	"fmt"
@@ -12,11 +12,11 @@ import (
 	"github.com/bgctl/controller/ha"
 )
 
-// serve listens on addr and serves, until stop, ha.StatusHandler and
+// Serve listens on addr and serves, until stop, ha.StatusHandler and
 // ha.HealthHandler of each replica of rs under /replicas/<id>/, and the
 // first's at /placement and /readyz. It prints the address it listens on.
-// The server's goroutine is owned by serve and joined by stop.
-func serve(addr string, rs []*ha.Replica) (stop func(), err error) {
+// The server's goroutine is owned by Serve and joined by stop.
+func Serve(addr string, rs []*ha.Replica) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err

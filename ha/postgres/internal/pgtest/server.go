@@ -1,13 +1,12 @@
-// The PostgreSQL server the tests run against: Debian's binaries, a
-// cluster of its own in a temporary directory, on a free loopback port,
-// run as an unprivileged user.
+// The server: Debian's binaries, a cluster of its own in a temporary
+// directory, on a free loopback port, run as an unprivileged user;
+// started, shut down, started again, and removed.
 
-package postgres
+package pgtest
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -22,26 +21,30 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// pgBin is the directory of initdb and postgres; empty: the newest of
-// /usr/lib/postgresql/*/bin (Debian's packages).
-var pgBin = flag.String("pg.bin", "", "directory of PostgreSQL's initdb and postgres (default: the newest /usr/lib/postgresql/*/bin)")
+// Server is a PostgreSQL server Start started. Its methods are not safe
+// for concurrent use.
+type Server struct {
+	// DSN is a URL of its database postgres, as the superuser postgres
+	// (trust authentication), over TCP: set by Start, the same after a
+	// restart.
+	DSN string
+	// Port is its port on 127.0.0.1.
+	Port int
 
-// pgServer is a PostgreSQL server a test run started.
-type pgServer struct {
 	dir  string              // the temporary directory: data, socket, log
 	bin  string              // the directory of initdb and postgres
 	cred *syscall.Credential // the user it runs as; nil: this process's
 	cmd  *exec.Cmd           // the postmaster running, nil once shut down
-	DSN  string              // a URL of its database postgres, as user postgres, over TCP
-	Port int
 }
 
-// startPostgres starts a cluster of its own: initdb, then postgres on a
-// free port of 127.0.0.1, as the user nobody when the tests run as root
-// (PostgreSQL refuses to run as root). It returns once the server
-// accepts a connection, or an error saying what failed.
-func startPostgres() (*pgServer, error) {
-	bin, err := findPgBin()
+// Start starts a cluster of its own: initdb, then postgres on a free
+// port of 127.0.0.1, as the user nobody when the caller runs as root
+// (PostgreSQL refuses to run as root). bin is the directory of initdb
+// and postgres; empty: the newest of /usr/lib/postgresql/*/bin
+// (Debian's packages). It returns once the server accepts a
+// connection, or an error saying what failed; Stop removes it.
+func Start(bin string) (*Server, error) {
+	bin, err := findBin(bin)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +52,7 @@ func startPostgres() (*pgServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &pgServer{dir: dir}
+	s := &Server{dir: dir}
 	cred, err := runAs(dir)
 	if err != nil {
 		_ = os.RemoveAll(dir)
@@ -67,16 +70,17 @@ func startPostgres() (*pgServer, error) {
 		return nil, err
 	}
 	s.bin, s.cred = bin, cred
-	if err := s.start(); err != nil {
-		s.stop()
+	if err := s.Restart(); err != nil {
+		s.Stop()
 		return nil, err
 	}
 	return s, nil
 }
 
-// start starts the postmaster on the cluster and port of s, and returns
-// once it accepts a connection.
-func (s *pgServer) start() error {
+// Restart starts the postmaster again on the cluster and port of s,
+// after Shutdown (Start starts it the first time through it), and
+// returns once it accepts a connection.
+func (s *Server) Restart() error {
 	logf, err := os.OpenFile(filepath.Join(s.dir, "postgres.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -110,10 +114,10 @@ func (s *pgServer) start() error {
 	}
 }
 
-// findPgBin returns -pg.bin, or the newest of Debian's.
-func findPgBin() (string, error) {
-	if *pgBin != "" {
-		return *pgBin, nil
+// findBin returns bin, or when it is empty the newest of Debian's.
+func findBin(bin string) (string, error) {
+	if bin != "" {
+		return bin, nil
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
 	slices.SortFunc(dirs, func(a, b string) int {
@@ -126,19 +130,19 @@ func findPgBin() (string, error) {
 			return dirs[i], nil
 		}
 	}
-	return "", errors.New("no PostgreSQL found under /usr/lib/postgresql/*/bin (apt-get install postgresql), nor given by -pg.bin")
+	return "", errors.New("no PostgreSQL found under /usr/lib/postgresql/*/bin (apt-get install postgresql), nor given")
 }
 
 // runAs returns the credential the server runs under, and hands dir to
-// it: nil (this process's user) unless the tests run as root, then the
-// user nobody's.
+// it: nil (this process's user) unless it runs as root, then the user
+// nobody's.
 func runAs(dir string) (*syscall.Credential, error) {
 	if os.Getuid() != 0 {
 		return nil, nil
 	}
 	u, err := user.Lookup("nobody")
 	if err != nil {
-		return nil, fmt.Errorf("the tests run as root and PostgreSQL will not: no user nobody to run it as: %w", err)
+		return nil, fmt.Errorf("running as root, and PostgreSQL will not: no user nobody to run it as: %w", err)
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
@@ -158,9 +162,10 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// shutdown shuts the postmaster down fast (SIGINT: every connection
+// Shutdown shuts the postmaster down fast (SIGINT: every connection
 // ended, no wait for clients), and waits for it, killing it after 10s.
-func (s *pgServer) shutdown() {
+// Restart starts it again.
+func (s *Server) Shutdown() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
@@ -179,8 +184,8 @@ func (s *pgServer) shutdown() {
 	s.cmd = nil
 }
 
-// stop shuts the server down fast, and removes its directory.
-func (s *pgServer) stop() {
-	s.shutdown()
+// Stop shuts the server down fast, and removes its directory.
+func (s *Server) Stop() {
+	s.Shutdown()
 	_ = os.RemoveAll(s.dir)
 }
