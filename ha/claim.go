@@ -1,5 +1,5 @@
-// Claims: the etcd key a replica must hold to run a name, and how a DoFunc
-// reads it from its context to fence its own writes.
+// Claims: the holding a replica must have on its store to run a name, and
+// how a DoFunc reads it from its context to fence its own writes.
 
 package ha
 

@@ -46,20 +46,22 @@ func (m Mode) String() string {
 // zero value of each field but Prefix is a valid choice, described on the
 // field.
 type Options struct {
-	// Prefix is the etcd key prefix the replicas of one service share.
-	// Members live under Prefix+"/members/", claims under
-	// Prefix+"/claims/", the sets of names members publish during a
-	// rolling upgrade under Prefix+"/name-sets/". Required. A trailing "/" is
-	// dropped. It must not have "members", "claims" or "name-sets" as an
-	// element ("/svc/claims" is refused), so that one group's keys never
-	// read as another's.
+	// Prefix names the group: the replicas of one service share it, and
+	// the store keeps the group's records (member records, holdings,
+	// published sets of names) under it, apart from every other group's:
+	// on etcd it is the key prefix (members under Prefix+"/members/",
+	// claims under Prefix+"/claims/", sets under Prefix+"/name-sets/"),
+	// on Kubernetes and PostgreSQL a label or a column value. Required. A
+	// trailing "/" is dropped. It must not have "members", "claims" or
+	// "name-sets" as an element ("/svc/claims" is refused), so that on a
+	// store of keys one group's keys never read as another's.
 	Prefix string
 
 	// ID names this replica among the members. It must be unique among the
 	// live replicas, and must not contain "/", spaces or unprintable
-	// characters (it is part of an etcd key, and a column of the status
-	// table). Zero: the host name and eight random hex digits, a new ID
-	// at every start. A stable ID (a StatefulSet's pod name, a host name)
+	// characters (it is part of the store's record names, such as an
+	// etcd key, and a column of the status table). Zero: the host name
+	// and eight random hex digits, a new ID at every start. A stable ID (a StatefulSet's pod name, a host name)
 	// is the better choice where there is one: a replica that restarts
 	// under it after a crash waits in Join for its old session to end
 	// (at most about TTL, on every store: Replica.Join), and the names
@@ -73,24 +75,27 @@ type Options struct {
 	// Mode is how names are spread over the members. Zero: [Spread].
 	Mode Mode
 
-	// TTL is the lease TTL, in whole seconds (etcd's unit), at least 1s.
-	// A replica that crashes keeps its names for up to TTL (plus the
-	// server's half-second expiry sweep) before other replicas take them
-	// over. Zero: 10s.
+	// TTL is how long the replica's session lasts on the store past its
+	// last renewal, in whole seconds (the unit of etcd's leases and of
+	// Kubernetes' Leases), at least 1s. A replica that crashes keeps its
+	// names for up to TTL, plus what the store takes to carry the
+	// session's end out (etcd's half-second expiry sweep; the observer's
+	// watch on Kubernetes; the next write or feed poll on PostgreSQL),
+	// before other replicas take them over. Zero: 10s.
 	TTL time.Duration
 
 	// Margin is how long a DoFunc or StopFunc may take to return once its
-	// context is cancelled: the replica stops on its own when etcd does
-	// not answer, its fence passing at (send time of the last answered
-	// keepalive) + TTL − Margin − 100ms, the 100ms paying for the package's
+	// context is cancelled: the replica stops on its own when its store
+	// does not answer, its fence passing at (send time of the last
+	// answered renewal) + TTL − Margin − 100ms, the 100ms paying for the package's
 	// own delay in cancelling. Margin must also cover the drift between
 	// the replica's clock and the server's over one TTL. It must be at
 	// least 200ms and at most TTL − 200ms. Zero: TTL/4.
 	Margin time.Duration
 
-	// RequestTimeout bounds each etcd request of the replica but the
-	// keepalives (sent every (TTL−Margin)/4, each waiting at most until
-	// the fence would pass). Zero: (TTL−Margin)/2.
+	// RequestTimeout bounds each request the replica makes of its store
+	// but the renewals (sent every (TTL−Margin)/4, each waiting at most
+	// until the fence would pass). Zero: (TTL−Margin)/2.
 	RequestTimeout time.Duration
 
 	// Settle is how long a replica that has just joined ([Replica.Join],
@@ -124,7 +129,7 @@ type Options struct {
 }
 
 // ErrInvalidOptions is wrapped by the error [New] returns for bad Options,
-// a nil store, or options its store refuses (a nil etcd client), and so
+// a nil store, or options its store refuses (a nil client or pool), and so
 // by [Join]'s, which calls New; the error names every bad field. Check
 // for it with errors.Is.
 var ErrInvalidOptions = errors.New("ha: invalid options")
@@ -142,11 +147,12 @@ const defaultTTL = 10 * time.Second
 // keys, short beside a TTL.
 const defaultSettle = time.Second
 
-// reservedSegments are the elements a Prefix may not hold: the etcd store
-// keeps a group's member records, claims and published sets of names
-// under <Prefix>/members/, <Prefix>/claims/ and <Prefix>/name-sets/, and
-// for a key of group P1 to read as a key of group P2, where P1 is a
-// proper prefix of P2, P2 would have to be P1 followed by one of them.
+// reservedSegments are the elements a Prefix may not hold: a store of
+// keys (etcd's) keeps a group's member records, claims and published
+// sets of names under <Prefix>/members/, <Prefix>/claims/ and
+// <Prefix>/name-sets/, and for a key of group P1 to read as a key of
+// group P2, where P1 is a proper prefix of P2, P2 would have to be P1
+// followed by one of them.
 var reservedSegments = []string{"members", "claims", "name-sets"}
 
 // normalize returns o with its defaults filled in, or an error naming every

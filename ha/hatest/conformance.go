@@ -15,8 +15,9 @@ import (
 	"github.com/bgctl/controller/ha"
 )
 
-// TTL is the sessions' TTL in the cases: etcd's shortest that its default
-// election timeout allows, and whole seconds, as etcd counts.
+// TTL is the sessions' TTL in the cases: whole seconds, as Options.TTL
+// must be, and short, so that a case that waits for an end waits little
+// (on etcd it is the shortest its default election timeout allows).
 const TTL = 2 * time.Second
 
 // Group is one fresh group on the store under test, filled by the test
