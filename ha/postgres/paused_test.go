@@ -72,12 +72,17 @@ func fencedLoop(pool *pgxpool.Pool, table, writer string, refused func(name stri
 func pausedOptions(group, id string) ha.Options { return leaderOptions(group, id, pausedTTL) }
 
 // leaderOptions are the options of replica id of group with ttl in
-// Leader mode: the senior replica runs every name, the others wait.
+// Leader mode: the senior replica runs every name, the others wait. Each
+// request may take half a TTL (the default, a quarter of it less a
+// Margin, is 375ms at a TTL of 1s: a Join on a loaded machine of two
+// cores was seen failing on it), so that what a test times is the fault
+// it makes.
 func leaderOptions(group, id string, ttl time.Duration) ha.Options {
 	return ha.Options{
 		Prefix:         group,
 		ID:             id,
 		TTL:            ttl,
+		RequestTimeout: ttl / 2,
 		Mode:           ha.Leader,
 		ManagerOptions: []controller.Option{controller.WithSlog(slog.New(slog.DiscardHandler))},
 	}
