@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +41,53 @@ func TestNoWriteUnderASessionThatRanOut(t *testing.T) {
 	}
 }
 
+// A call that comes while another call of the store is making the
+// schema (held up here by a migration holding the store's advisory
+// lock) returns when its own context ends, not when the other's does.
+func TestSetupWaitEndsWithTheContext(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 4)
+	schema := newSchema("setup_wait")
+	st, err := newStore(pool, StoreOptions{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	migration, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = migration.Rollback(ctx) }()
+	if _, err := migration.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('github.com/bgctl/controller/ha/postgres ' || $1))`, schema); err != nil {
+		t.Fatal(err)
+	}
+	b := st.backend(ha.BackendConfig{Group: newGroup("setup"), ID: "r0", TTL: time.Second})
+	long, cancelLong := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelLong()
+	first := make(chan error, 1)
+	go func() { // joined below: <-first
+		_, err := b.Renew(long, 1)
+		first <- err
+	}()
+	defer func() { <-first }()
+	defer cancelLong()
+	await(t, 5*time.Second, "the first call waiting on the advisory lock", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	start := time.Now()
+	err = b.End(short, 1)
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Errorf("End with a 300ms context returned after %v (%v), waiting for another call's schema setup", waited.Round(time.Millisecond), err)
+	}
+	if err == nil {
+		t.Error("End succeeded while the schema could not be made")
+	}
+}
+
 // Held refuses a nil transaction with an error, rather than a panic.
 func TestHeldRefusesANilTransaction(t *testing.T) {
 	t.Parallel()
@@ -47,5 +95,38 @@ func TestHeldRefusesANilTransaction(t *testing.T) {
 	_, _, claims := f.member(t, "r0", 5*time.Second, "x")
 	if err := Held(context.Background(), nil, claims["x"]); err == nil || !strings.Contains(err.Error(), "nil") {
 		t.Errorf("Held on a nil transaction: %v; want an error naming it", err)
+	}
+}
+
+// Three replicas (three stores, as three processes have) starting at
+// once on a database without the schema: each begins, the schema is
+// made once.
+func TestSchemaMadeOnceByThreeReplicasAtOnce(t *testing.T) {
+	t.Parallel()
+	schema := newSchema("three")
+	group := newGroup("three")
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		st, err := newStore(newPool(t, 2), StoreOptions{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := st.backend(ha.BackendConfig{Group: group, ID: "r" + string(rune('0'+i)), TTL: 5 * time.Second})
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := b.Begin(ctx, 0, 5*time.Second, "d")
+			if err == nil {
+				err = b.End(ctx, s.ID)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("replica r%d on a schema made at once by three: %v", i, err)
+		}
 	}
 }

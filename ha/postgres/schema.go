@@ -24,13 +24,21 @@ var SchemaSQL string
 const SchemaVersion = 1
 
 // ready creates the store's schema if missing and checks its version,
-// once per store: every backend's first request waits for it. Concurrent
+// once per store: every backend's first request waits for it, as long as its context allows. Concurrent
 // stores (replicas in other processes) serialize on an advisory lock
 // held for the transaction, so that two never create the tables at
 // once.
 func (s *store) ready(ctx context.Context) error {
-	s.setupMu.Lock()
-	defer s.setupMu.Unlock()
+	select {
+	case s.setup <- struct{}{}: // free: taken even when ctx has ended
+	default:
+		select {
+		case s.setup <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("postgres: preparing schema %q: waiting for another call that prepares it: %w", s.schema, context.Cause(ctx))
+		}
+	}
+	defer func() { <-s.setup }()
 	if s.setupDone {
 		return nil
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"sync"
 	"time"
 
 	"github.com/bgctl/controller/ha"
@@ -92,8 +91,11 @@ type store struct {
 	// Begin: an answer held back, or lost.
 	afterBegin func() error
 
-	setupMu   sync.Mutex // held while the schema is checked
-	setupDone bool       // guarded by setupMu: the schema was checked
+	// setup holds a token while a call checks the schema: a channel, not
+	// a mutex, so that a call waiting for another's check gives up when
+	// its own context ends.
+	setup     chan struct{}
+	setupDone bool // guarded by setup: the schema was checked
 }
 
 // newStore is Store, with an error for invalid options.
@@ -122,6 +124,7 @@ func newStore(pool *pgxpool.Pool, o StoreOptions) (*store, error) {
 		retention:  cmp.Or(o.Retention, defaultRetention),
 		poll:       cmp.Or(o.Poll, defaultPoll),
 		claimNames: cmp.Or(o.ClaimNames, defaultClaimNames),
+		setup:      make(chan struct{}, 1),
 	}, nil
 }
 
