@@ -11,6 +11,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,6 +87,81 @@ func TestSetupWaitEndsWithTheContext(t *testing.T) {
 	if err == nil {
 		t.Error("End succeeded while the schema could not be made")
 	}
+}
+
+// A write that fails between two statements (its context's deadline
+// passed there) just as the server stops answering returns within
+// RequestTimeout: its rollback is bounded too.
+func TestFailedWriteReturnsWhileTheServerStopsAnswering(t *testing.T) {
+	t.Parallel()
+	st, err := newStore(newPool(t, 4), StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const requestTimeout = time.Second
+	b := st.backend(ha.BackendConfig{Group: newGroup("stopped"), ID: "r0", TTL: time.Second, RequestTimeout: requestTimeout})
+	var pid int
+	defer func() {
+		if pid != 0 {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { // joined below: <-done
+		done <- b.write(ctx, func(ctx context.Context, w *writeTx) error {
+			if err := w.tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				return err
+			}
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				return err
+			}
+			cancel() // the deadline passes between two statements
+			_, err := w.tx.Exec(ctx, "SELECT 1")
+			return err
+		})
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the write succeeded")
+		}
+		t.Logf("the write returned %v after it failed (%v)", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(requestTimeout + 3*time.Second):
+		t.Errorf("the write still hangs %v after it failed, on a server that stopped answering", time.Since(start).Round(time.Millisecond))
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		<-done
+	}
+}
+
+// A write whose client gave up (its context ended while it waited for a
+// lock: a release waiting for a fenced transaction) stops waiting on the
+// server too, by then: it holds the group's other writes off no longer
+// than its context, although the transaction it waits for goes on.
+func TestAWriteGivenUpHoldsTheGroupNoLonger(t *testing.T) {
+	t.Parallel()
+	f := newHeldFixture(t)
+	ctx := context.Background()
+	a, sa, claims := f.member(t, "r0", 5*time.Second, "x")
+	defer func() { _ = a.End(ctx, sa.ID) }()
+	busy(t, f.heldTx(t, claims["x"]), 4*time.Second) // a slow fenced transaction
+	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := a.Release(rctx, claims["x"]); err == nil {
+		t.Fatal("a release of a name a fenced transaction holds returned before it")
+	}
+	other := f.st.backend(ha.BackendConfig{Group: f.group, ID: "r1", TTL: 5 * time.Second})
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	s, err := other.Begin(bctx, 0, 5*time.Second, "d")
+	if err != nil {
+		t.Fatalf("another replica's begin after a release gave up: %v (after %v)", err, time.Since(start).Round(time.Millisecond))
+	}
+	defer func() { _ = other.End(ctx, s.ID) }()
+	t.Logf("another replica's begin took %v after the release gave up", time.Since(start).Round(time.Millisecond))
 }
 
 // Held refuses a nil transaction with an error, rather than a panic.

@@ -85,7 +85,15 @@ func (b *backend) write(ctx context.Context, f func(ctx context.Context, w *writ
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, does nothing
+	defer func() {
+		// After Commit, does nothing. Bounded by RequestTimeout of its
+		// own: ctx may have ended already (that may be why f failed),
+		// and a rollback without a deadline, sent as the server stops
+		// answering, would wait for it for good.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.RequestTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 	w := &writeTx{tx: tx, b: b}
 	if err := w.lock(ctx); err != nil {
 		return err
