@@ -206,3 +206,23 @@ func TestSchemaMadeOnceByThreeReplicasAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A group or an ID that PostgreSQL's text cannot hold (a NUL byte,
+// invalid UTF-8) is refused by ha.New, naming the field, rather than
+// failing every request of the replica.
+func TestGroupAndIDTextCannotHoldAreRefused(t *testing.T) {
+	t.Parallel()
+	st := Store(newPool(t, 1), StoreOptions{})
+	for _, c := range []struct {
+		cfg  ha.BackendConfig
+		want string
+	}{
+		{ha.BackendConfig{Group: "g\x00", ID: "r0"}, "Prefix"},
+		{ha.BackendConfig{Group: "g\xff", ID: "r0"}, "Prefix"},
+		{ha.BackendConfig{Group: "g", ID: "r\xff"}, "ID"},
+	} {
+		if _, err := st.Backend(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("a backend of group %q, ID %q: %v; want an error naming %s", c.cfg.Group, c.cfg.ID, err, c.want)
+		}
+	}
+}

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgctl/controller/ha"
 	"github.com/jackc/pgx/v5"
@@ -137,8 +139,20 @@ func (s *store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if c.ID == "" {
 		return nil, errors.New("postgres: the replica's ID is empty")
 	}
+	// Refused here, by name: PostgreSQL's text holds neither, and every
+	// request of the replica would fail with the server's encoding error.
+	if !textHolds(c.Group) {
+		return nil, fmt.Errorf("postgres: the replica's group (Options.Prefix) %q has a NUL byte or is not UTF-8, which PostgreSQL's text cannot hold", c.Group)
+	}
+	if !textHolds(c.ID) {
+		return nil, fmt.Errorf("postgres: the replica's ID %q has a NUL byte or is not UTF-8, which PostgreSQL's text cannot hold", c.ID)
+	}
 	return s.backend(c), nil
 }
+
+// textHolds reports whether PostgreSQL's text (in a UTF-8 database)
+// holds s: valid UTF-8 without a NUL byte.
+func textHolds(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // backend is Backend, typed; zero durations of c get defaults, as the
 // conformance suite passes them.
