@@ -226,3 +226,22 @@ func TestGroupAndIDTextCannotHoldAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// A schema that holds tables of the store's names the store did not make
+// (no schema_version: a user's own "sessions" in the schema named,
+// public say) is refused, naming the schema and the table, rather than
+// written to, or failing later with a column's name.
+func TestSchemaWithForeignTablesIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 2)
+	schema := newSchema("foreign")
+	for _, stmt := range []string{"CREATE SCHEMA " + schema, "CREATE TABLE " + schema + ".sessions (id bigint PRIMARY KEY, user_name text)"} {
+		if _, err := pool.Exec(context.Background(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := beginIn(t, schema)
+	if err == nil || !strings.Contains(err.Error(), `"`+schema+`"`) || !strings.Contains(err.Error(), "sessions") {
+		t.Errorf("a store on a schema with a user's own sessions table: %v; want it refused, naming the schema and the table", err)
+	}
+}

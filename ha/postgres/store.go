@@ -25,7 +25,9 @@ type StoreOptions struct {
 	// created on first use if missing. A lower-case SQL identifier:
 	// letters, digits and underscores, not starting with a digit, at
 	// most 63 bytes. Default "bgctl_ha". Every group of replicas (their
-	// Options.Prefix) shares its tables, apart by a column.
+	// Options.Prefix) shares its tables, apart by a column. A schema
+	// without the store's tables that holds a table or index of one of
+	// their names (a service's own "sessions" in public) is refused.
 	Schema string
 	// Retention is how long the change log keeps a change: a feed that
 	// falls further behind lists the group again, and HeldAt fails for
