@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bgctl/controller/ha"
+	"github.com/jackc/pgx/v5"
 )
 
 // A session that ran out on the server's clock is ended for every write
@@ -207,6 +208,25 @@ func TestSchemaMadeOnceByThreeReplicasAtOnce(t *testing.T) {
 	}
 }
 
+// A schema that holds tables of the store's names the store did not make
+// (no schema_version: a user's own "sessions" in the schema named,
+// public say) is refused, naming the schema and the table, rather than
+// written to, or failing later with a column's name.
+func TestSchemaWithForeignTablesIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, 2)
+	schema := newSchema("foreign")
+	for _, stmt := range []string{"CREATE SCHEMA " + schema, "CREATE TABLE " + schema + ".sessions (id bigint PRIMARY KEY, user_name text)"} {
+		if _, err := pool.Exec(context.Background(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := beginIn(t, schema)
+	if err == nil || !strings.Contains(err.Error(), `"`+schema+`"`) || !strings.Contains(err.Error(), "sessions") {
+		t.Errorf("a store on a schema with a user's own sessions table: %v; want it refused, naming the schema and the table", err)
+	}
+}
+
 // A group or an ID that PostgreSQL's text cannot hold (a NUL byte,
 // invalid UTF-8) is refused by ha.New, naming the field, rather than
 // failing every request of the replica.
@@ -227,21 +247,105 @@ func TestGroupAndIDTextCannotHoldAreRefused(t *testing.T) {
 	}
 }
 
-// A schema that holds tables of the store's names the store did not make
-// (no schema_version: a user's own "sessions" in the schema named,
-// public say) is refused, naming the schema and the table, rather than
-// written to, or failing later with a column's name.
-func TestSchemaWithForeignTablesIsRefused(t *testing.T) {
+// A fenced transaction at REPEATABLE READ whose snapshot was taken
+// before the session ended (a read of the user's came first) does not
+// pass Held, and writes nothing.
+func TestHeldAtRepeatableReadRefusesASessionEndedAfterTheSnapshot(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, 2)
-	schema := newSchema("foreign")
-	for _, stmt := range []string{"CREATE SCHEMA " + schema, "CREATE TABLE " + schema + ".sessions (id bigint PRIMARY KEY, user_name text)"} {
-		if _, err := pool.Exec(context.Background(), stmt); err != nil {
+	f := newHeldFixture(t)
+	ctx := context.Background()
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		a, sa, claims := f.member(t, "r0", 5*time.Second, "x")
+		tx, err := f.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+f.table); err != nil { // the snapshot
+			t.Fatal(err)
+		}
+		if err := a.End(ctx, sa.ID); err != nil {
+			t.Fatal(err)
+		}
+		err = Held(ctx, tx, claims["x"])
+		if err == nil {
+			_, err = tx.Exec(ctx, "INSERT INTO "+f.table+" VALUES ('x', 'r0')")
+			if err == nil {
+				err = tx.Commit(ctx)
+			}
+		}
+		_ = tx.Rollback(ctx)
+		if err == nil {
+			t.Errorf("%s: a fenced write after the session ended (snapshot before) committed", iso)
+		}
+		t.Logf("%s: %v", iso, err)
+	}
+	if n := f.writes(t, "r0"); n != 0 {
+		t.Errorf("rows written after the session ended: %d", n)
+	}
+}
+
+// A replica's renewal goes through while one of its fenced transactions
+// is open (Held locks the session's row FOR KEY SHARE, which a renewal
+// does not wait for).
+func TestRenewalGoesOnUnderAFencedTransaction(t *testing.T) {
+	t.Parallel()
+	f := newHeldFixture(t)
+	a, sa, claims := f.member(t, "r0", 5*time.Second, "x")
+	busy(t, f.heldTx(t, claims["x"]), 1500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := a.Renew(ctx, sa.ID); err != nil {
+		t.Errorf("a renewal under the replica's own fenced transaction: %v", err)
+	}
+}
+
+// A change whose notification never came (written here without one)
+// reaches the feed by its poll.
+func TestFeedPollsForAChangeNotNotified(t *testing.T) {
+	t.Parallel()
+	// A schema of its own: no other test's notifications wake the feed.
+	st, err := newStore(newPool(t, 4), StoreOptions{Schema: newSchema("poll"), Poll: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := newGroup("poll")
+	ctx := context.Background()
+	reader := feedBackend(st, group, "r1", 30*time.Second)
+	_, from, err := reader.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// logGone logs name's holding gone, notifying the feeds or not.
+	logGone := func(name string, notify bool) {
+		err := reader.write(ctx, func(ctx context.Context, w *writeTx) error {
+			pos, err := w.next(ctx)
+			if err != nil {
+				return err
+			}
+			w.changed = notify
+			_, err = w.tx.Exec(ctx, st.q.sql(sqlLogGone), group, pos, "r9", name, 9, 1)
+			return err
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	err := beginIn(t, schema)
-	if err == nil || !strings.Contains(err.Error(), `"`+schema+`"`) || !strings.Contains(err.Error(), "sessions") {
-		t.Errorf("a store on a schema with a user's own sessions table: %v; want it refused, naming the schema and the table", err)
+	var wg sync.WaitGroup
+	f := reader.Watch(from, &wg)
+	defer wg.Wait()
+	defer f.Stop()
+	// A change notified, then one not: the feed, which delivered the
+	// first, waits on its notifications (or reads again at once, a
+	// race the poll then does not decide).
+	logGone("w", true)
+	if fb := nextChanges(t, f, 3*time.Second); fb.Err != nil || fb.Changes[0].Name != "w" {
+		t.Fatalf("the feed delivered %+v; want w's holding gone", fb)
 	}
+	logGone("x", false)
+	written := time.Now()
+	fb := nextChanges(t, f, 3*time.Second)
+	if fb.Err != nil || fb.Changes[0].Kind != ha.ClaimGone || fb.Changes[0].Name != "x" {
+		t.Fatalf("the feed delivered %+v; want x's holding gone", fb)
+	}
+	t.Logf("the change reached the feed %v after it was written, without a notification (poll 300ms)", time.Since(written).Round(time.Millisecond))
 }
