@@ -7,8 +7,11 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -348,4 +351,106 @@ func TestFeedPollsForAChangeNotNotified(t *testing.T) {
 		t.Fatalf("the feed delivered %+v; want x's holding gone", fb)
 	}
 	t.Logf("the change reached the feed %v after it was written, without a notification (poll 300ms)", time.Since(written).Round(time.Millisecond))
+}
+
+// Under writers racing one another (begins, claims, releases, ends), a
+// feed delivers every change the log holds, each once, in the order of
+// the positions, each batch's changes after the previous batch's At and
+// at or before its own: none committed at a lower position after the
+// feed passed it.
+func TestFeedMissesNoChangeUnderConcurrentWrites(t *testing.T) {
+	t.Parallel()
+	st, err := newStore(newPool(t, 12), StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := newGroup("race")
+	ctx := context.Background()
+	reader := feedBackend(st, group, "reader", 100*time.Millisecond)
+	var feedWG sync.WaitGroup
+	f := reader.Watch(0, &feedWG)
+	defer feedWG.Wait()
+	defer f.Stop()
+
+	var writers sync.WaitGroup
+	stop := time.Now().Add(1500 * time.Millisecond)
+	for w := range 6 {
+		b := feedBackend(st, group, fmt.Sprintf("w%d", w), time.Second)
+		writers.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				s, err := b.Begin(ctx, 0, 5*time.Second, "d")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				names := []string{fmt.Sprintf("n%d", i%5), fmt.Sprintf("m%d-%d", w, i)}
+				got, _, err := b.Claim(ctx, s.ID, names)
+				if err != nil {
+					t.Error(err)
+				}
+				for _, c := range got {
+					if c.Mine && i%2 == 0 {
+						if err := b.Release(ctx, ha.Claim{Name: c.Name, Key: c.Key, Revision: c.Revision, Token: c.Token}); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				if err := b.End(ctx, s.ID); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	writers.Wait()
+
+	type row struct {
+		at         int64
+		kind       ha.ChangeKind
+		member     string
+		name       string
+		session    ha.SessionID
+		chunkIndex int
+	}
+	var logged []row
+	rows, err := st.pool.Query(ctx, st.q.sql(`SELECT pos, kind, member, name, session, idx FROM {s}.changes WHERE grp = $1 ORDER BY pos, kind, member, name, session, idx`), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r row
+	var kind int16
+	if _, err := pgx.ForEachRow(rows, []any{&r.at, &kind, &r.member, &r.name, &r.session, &r.chunkIndex}, func() error {
+		r.kind = ha.ChangeKind(kind)
+		logged = append(logged, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	last := logged[len(logged)-1].at
+
+	var delivered []row
+	var at int64
+	for timeout := time.After(10 * time.Second); at < last; {
+		select {
+		case fb := <-f.Batches():
+			if fb.Err != nil {
+				t.Fatalf("the feed failed: %v", fb.Err)
+			}
+			for _, c := range fb.Changes {
+				if c.At <= at || c.At > fb.At {
+					t.Fatalf("a change at %d in a batch after %d, up to %d", c.At, at, fb.At)
+				}
+				delivered = append(delivered, row{c.At, c.Kind, c.Member, c.Name, c.Session, c.Chunk.Index})
+			}
+			at = fb.At
+		case <-timeout:
+			t.Fatalf("the feed delivered up to %d in 10s, the log holds up to %d", at, last)
+		}
+	}
+	slices.SortStableFunc(delivered, func(a, b row) int {
+		return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.kind, b.kind), cmp.Compare(a.member, b.member), cmp.Compare(a.name, b.name), cmp.Compare(a.session, b.session), cmp.Compare(a.chunkIndex, b.chunkIndex))
+	})
+	if !slices.Equal(delivered, logged) {
+		t.Errorf("the feed delivered %d changes, the log holds %d; they differ", len(delivered), len(logged))
+	}
+	t.Logf("%d changes at %d positions, by 6 writers, all delivered once, in order", len(logged), last)
 }
