@@ -454,3 +454,37 @@ func TestFeedMissesNoChangeUnderConcurrentWrites(t *testing.T) {
 	}
 	t.Logf("%d changes at %d positions, by 6 writers, all delivered once, in order", len(logged), last)
 }
+
+// A session that ran out but cannot be ended yet (a fenced transaction
+// holds its row) does not keep the feed from waking for the next
+// session's end: that one is delivered on time, not at the next poll.
+func TestFeedEndsTheNextSessionOnTimeBesideOneHeldPastItsEnd(t *testing.T) {
+	t.Parallel()
+	f := newHeldFixture(t)
+	// A schema of its own: no other test's notifications wake the feed.
+	st, err := newStore(f.pool, StoreOptions{Schema: newSchema("next_due"), Poll: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.st = st
+	ctx := context.Background()
+	_, _, claims := f.member(t, "held", 300*time.Millisecond, "x")
+	busy(t, f.heldTx(t, claims["x"]), 4*time.Second) // x's session runs out, its row held
+	const ttl = 1500 * time.Millisecond
+	next, s, _ := f.member(t, "next", ttl, "y")
+	begun := time.Now()
+	reader := feedBackend(st, f.group, "reader", 30*time.Second)
+	_, from, err := reader.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	feed := reader.Watch(from, &wg)
+	defer wg.Wait()
+	defer feed.Stop()
+	fb := nextChanges(t, feed, 2*ttl)
+	if fb.Err != nil || len(fb.Changes) == 0 || fb.Changes[0].Session != s.ID {
+		t.Fatalf("the feed delivered %+v; want the end of %s's session %d", fb, next.cfg.ID, s.ID)
+	}
+	t.Logf("the next session's end came %v after its begin (TTL %v)", time.Since(begun).Round(time.Millisecond), ttl)
+}
