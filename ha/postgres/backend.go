@@ -38,7 +38,9 @@ func (b *backend) Request(parent context.Context) (context.Context, context.Canc
 // Rounding is a millisecond: the readings are differences of two times
 // of the server's one clock (expires_at, set from clock_timestamp() at
 // the renewal, less clock_timestamp() at the reading), in microseconds;
-// a millisecond covers their truncation and a clock slewed by NTP.
+// a millisecond covers their truncation. A server clock slower than the
+// replicas' lengthens the session more than it shortens a reading, and
+// a faster one is the fence's Margin's to cover (DESIGN.md).
 func (b *backend) Rounding() time.Duration { return time.Millisecond }
 
 // micros is d in whole microseconds, as the store keeps durations.

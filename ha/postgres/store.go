@@ -61,9 +61,11 @@ var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // PostgreSQL server pool reaches, in the tables of schema o.Schema, for
 // [ha.New] or [ha.Join]. It sends nothing: the first request of the
 // first backend creates the schema if missing, and checks its version.
-// The pool serves the backends' requests, and one connection per
-// replica for its feed (LISTEN), held as long as the feed runs: size it
-// for that. When pool is nil or o is invalid (a Schema that is not a
+// The pool serves the backends' requests; each replica's feed takes a
+// connection from it and keeps it for itself while it runs (LISTEN),
+// outside the pool's count, which may open another in its place: count
+// one connection per replica on top of the pool's MaxConns against the
+// server's max_connections. When pool is nil or o is invalid (a Schema that is not a
 // plain identifier, a negative duration), the store's Backend, and so
 // ha.New, fails with an error naming the culprit.
 func Store(pool *pgxpool.Pool, o StoreOptions) ha.Store {
