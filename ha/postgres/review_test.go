@@ -20,6 +20,7 @@ import (
 
 	"github.com/bgctl/controller/ha"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A session that ran out on the server's clock is ended for every write
@@ -487,4 +488,57 @@ func TestFeedEndsTheNextSessionOnTimeBesideOneHeldPastItsEnd(t *testing.T) {
 		t.Fatalf("the feed delivered %+v; want the end of %s's session %d", fb, next.cfg.ID, s.ID)
 	}
 	t.Logf("the next session's end came %v after its begin (TTL %v)", time.Since(begun).Round(time.Millisecond), ttl)
+}
+
+// A database whose default isolation is SERIALIZABLE (a server's or a
+// role's setting, or the DSN's) changes nothing for the store: three
+// replicas make the schema at once, and race one another's claims,
+// without a serialization error; the store's writes run at READ
+// COMMITTED, which its arguments assume (a write that waited for the
+// group's row reads what the one before it committed).
+func TestStoreIgnoresTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	schema := newSchema("serializable")
+	group := newGroup("serializable")
+	var wg sync.WaitGroup
+	errs := make(chan error, 3*20)
+	for i := range 3 {
+		cfg, err := pgxpool.ParseConfig(testServer.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		st, err := newStore(pool, StoreOptions{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := st.backend(ha.BackendConfig{Group: group, ID: fmt.Sprintf("r%d", i), TTL: 5 * time.Second})
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			s, err := b.Begin(ctx, 0, 5*time.Second, "d")
+			if err != nil {
+				errs <- err
+				return
+			}
+			for j := range 20 {
+				if _, _, err := b.Claim(ctx, s.ID, []string{fmt.Sprintf("n%d", j)}); err != nil {
+					errs <- err
+				}
+			}
+			if err := b.End(ctx, s.ID); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("a replica on a pool whose default isolation is serializable: %v", err)
+	}
 }

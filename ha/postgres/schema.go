@@ -57,7 +57,7 @@ func (s *store) ready(ctx context.Context) error {
 	if s.setupDone {
 		return nil
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('github.com/bgctl/controller/ha/postgres ' || $1))`, s.schema); err != nil {
 			return err
 		}

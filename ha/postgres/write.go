@@ -66,6 +66,16 @@ UNION ALL SELECT $1, $3, 5, member, '', $2, 0, digest, idx, count FROM k`
 	sqlNotify = `SELECT pg_notify($1, $2)`
 )
 
+// readCommitted are the options of the store's write transactions (and
+// of its schema check), whatever the database's default isolation: the
+// arguments of DESIGN.md assume that each statement reads what committed
+// before it, so that a write that waited for the group's row (or the
+// schema's advisory lock) sees the one before it. At REPEATABLE READ or
+// SERIALIZABLE, a default a server, a role or a DSN may set, it would
+// fail with a serialization error instead, or read the schema's version
+// from before it was written.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
 // refusal reports whether err is an answer of the store's (a session
 // ended, an ID taken), after which the transaction still commits what
 // it did: the expiry it carried out stays carried out.
@@ -81,7 +91,7 @@ func (b *backend) write(ctx context.Context, f func(ctx context.Context, w *writ
 	if err := b.st.ready(ctx); err != nil {
 		return err
 	}
-	tx, err := b.st.pool.Begin(ctx)
+	tx, err := b.st.pool.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return err
 	}
