@@ -542,3 +542,40 @@ func TestStoreIgnoresTheDefaultIsolation(t *testing.T) {
 		t.Errorf("a replica on a pool whose default isolation is serializable: %v", err)
 	}
 }
+
+// A schema named like an SQL keyword works: the store quotes it
+// everywhere (statements, LISTEN, the claim's key in Held).
+func TestSchemaNamedLikeAKeyword(t *testing.T) {
+	t.Parallel()
+	f := newHeldFixture(t)
+	st, err := newStore(f.pool, StoreOptions{Schema: "order", Poll: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.st = st
+	ctx := context.Background()
+	reader := feedBackend(st, f.group, "reader", 30*time.Second)
+	_, from, err := reader.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	feed := reader.Watch(from, &wg)
+	defer wg.Wait()
+	defer feed.Stop()
+	a, s, claims := f.member(t, "r0", 5*time.Second, "x")
+	defer func() { _ = a.End(ctx, s.ID) }()
+	if err := f.fencedWrite(ctx, claims["x"], "r0"); err != nil {
+		t.Errorf("a fenced write on schema \"order\": %v", err)
+	}
+	if fb := nextChanges(t, feed, 3*time.Second); fb.Err != nil {
+		t.Errorf("the feed on schema \"order\": %v", fb.Err)
+	}
+}
+
+// A nil pool is refused by ha.New, naming it.
+func TestNilPoolIsRefused(t *testing.T) {
+	if _, err := ha.New(Store(nil, StoreOptions{}), ha.Options{Prefix: "g", ID: "r0"}); err == nil || !strings.Contains(err.Error(), "pool is nil") {
+		t.Errorf("ha.New on a store of a nil pool: %v; want an error naming the pool", err)
+	}
+}
