@@ -314,11 +314,7 @@ func TestFeedPollsForAChangeNotNotified(t *testing.T) {
 	}
 	group := newGroup("poll")
 	ctx := context.Background()
-	reader := feedBackend(st, group, "r1", 30*time.Second)
-	_, from, err := reader.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader, f := watchGroup(t, st, group, 30*time.Second)
 	// logGone logs name's holding gone, notifying the feeds or not.
 	logGone := func(name string, notify bool) {
 		err := reader.write(ctx, func(ctx context.Context, w *writeTx) error {
@@ -334,10 +330,6 @@ func TestFeedPollsForAChangeNotNotified(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var wg sync.WaitGroup
-	f := reader.Watch(from, &wg)
-	defer wg.Wait()
-	defer f.Stop()
 	// A change notified, then one not: the feed, which delivered the
 	// first, waits on its notifications (or reads again at once, a
 	// race the poll then does not decide).
@@ -468,21 +460,12 @@ func TestFeedEndsTheNextSessionOnTimeBesideOneHeldPastItsEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.st = st
-	ctx := context.Background()
 	_, _, claims := f.member(t, "held", 300*time.Millisecond, "x")
 	busy(t, f.heldTx(t, claims["x"]), 4*time.Second) // x's session runs out, its row held
 	const ttl = 1500 * time.Millisecond
 	next, s, _ := f.member(t, "next", ttl, "y")
 	begun := time.Now()
-	reader := feedBackend(st, f.group, "reader", 30*time.Second)
-	_, from, err := reader.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	feed := reader.Watch(from, &wg)
-	defer wg.Wait()
-	defer feed.Stop()
+	_, feed := watchGroup(t, st, f.group, 30*time.Second)
 	fb := nextChanges(t, feed, 2*ttl)
 	if fb.Err != nil || len(fb.Changes) == 0 || fb.Changes[0].Session != s.ID {
 		t.Fatalf("the feed delivered %+v; want the end of %s's session %d", fb, next.cfg.ID, s.ID)
@@ -554,15 +537,7 @@ func TestSchemaNamedLikeAKeyword(t *testing.T) {
 	}
 	f.st = st
 	ctx := context.Background()
-	reader := feedBackend(st, f.group, "reader", 30*time.Second)
-	_, from, err := reader.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	feed := reader.Watch(from, &wg)
-	defer wg.Wait()
-	defer feed.Stop()
+	_, feed := watchGroup(t, st, f.group, 30*time.Second)
 	a, s, claims := f.member(t, "r0", 5*time.Second, "x")
 	defer func() { _ = a.End(ctx, s.ID) }()
 	if err := f.fencedWrite(ctx, claims["x"], "r0"); err != nil {
