@@ -38,7 +38,9 @@ func (b *backend) Request(parent context.Context) (context.Context, context.Canc
 // Rounding is a millisecond: the readings are differences of two times
 // of the server's one clock (expires_at, set from clock_timestamp() at
 // the renewal, less clock_timestamp() at the reading), in microseconds;
-// a millisecond covers their truncation and a clock slewed by NTP.
+// a millisecond covers their truncation. A server clock slower than the
+// replicas' lengthens the session more than it shortens a reading, and
+// a faster one is the fence's Margin's to cover (DESIGN.md).
 func (b *backend) Rounding() time.Duration { return time.Millisecond }
 
 // micros is d in whole microseconds, as the store keeps durations.
@@ -50,7 +52,7 @@ const (
 	sqlPutMember     = `INSERT INTO {s}.members (grp, member, session, digest, leaving, created, modified) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (grp, member) DO UPDATE SET session = $3, digest = $4, leaving = $5, modified = $7`
 	sqlLogMemberPut  = `INSERT INTO {s}.changes (grp, pos, kind, member, session, created, digest, leaving) VALUES ($1, $2, 0, $3, $4, $5, $6, $7)`
 	sqlRenew         = `UPDATE {s}.sessions SET expires_at = clock_timestamp() + ttl_us * interval '1 microsecond' WHERE id = $1 AND grp = $2 AND expires_at > clock_timestamp() RETURNING ttl_us`
-	sqlSessionLive   = `SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = $1 AND grp = $2)`
+	sqlSessionLive   = `SELECT EXISTS (SELECT 1 FROM {s}.sessions WHERE id = $1 AND grp = $2 AND expires_at > clock_timestamp())`
 	sqlRewriteMember = `UPDATE {s}.members SET digest = $4, leaving = $5, modified = $6 WHERE grp = $1 AND member = $2 AND session = $3 RETURNING created`
 	sqlTimeLeft      = `SELECT ttl_us, floor(extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint FROM {s}.sessions WHERE id = $1 AND grp = $2`
 	sqlLiveMember    = `SELECT m.session FROM {s}.members m JOIN {s}.sessions s ON s.id = m.session AND s.expires_at > clock_timestamp() WHERE m.grp = $1 AND m.member = $2`
@@ -141,8 +143,11 @@ func (b *backend) End(ctx context.Context, id ha.SessionID) error {
 	return b.write(ctx, func(ctx context.Context, w *writeTx) error { return w.end(ctx, id) })
 }
 
-// live fails with ErrSessionEnded unless session id lives, within w
-// (which has ended the sessions due).
+// live fails with ErrSessionEnded unless session id lives, within w:
+// its row is there and its time has not run out on the server's clock.
+// The row alone does not do: the expiry skips a row that a fenced
+// transaction (Held) holds, and a session that ran out must take no
+// holding, set or member record meanwhile.
 func (w *writeTx) live(ctx context.Context, id ha.SessionID) error {
 	var ok bool
 	if err := w.tx.QueryRow(ctx, w.b.st.q.sql(sqlSessionLive), int64(id), w.b.cfg.Group).Scan(&ok); err != nil {

@@ -54,8 +54,9 @@
 // replication). A failover that loses acknowledged commits may lose
 // renewals and claims too: see DESIGN.md in the module for what then
 // happens. It needs a session-mode connection to LISTEN on (the pool's
-// own, or a pooler in session mode): each replica's feed holds one
-// connection of the pool for as long as it runs. And a server clock that
+// own, or a pooler in session mode): each replica's feed takes one
+// connection from the pool and keeps it, outside the pool's MaxConns,
+// for as long as it runs. And a server clock that
 // is not stepped forward (slewing is fine): expiry is decided on it.
 //
 // Renewals take a connection of the pool like any request: a pool user

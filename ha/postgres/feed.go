@@ -17,7 +17,12 @@ import (
 )
 
 const (
-	sqlNextExpiry = `SELECT coalesce(floor(extract(epoch FROM min(expires_at) - clock_timestamp()) * 1000000)::bigint, -1), count(*) FILTER (WHERE expires_at <= clock_timestamp()) FROM {s}.sessions WHERE grp = $1`
+	// sqlNextExpiry reads how long until the next session not yet due
+	// runs out (-1: none), and how many are due. Only those not yet due
+	// count for the wait: one that is due and stays (a fenced
+	// transaction holds its row, and the expiry skips it) would
+	// otherwise keep the feed from waking for the next one's end.
+	sqlNextExpiry = `SELECT coalesce(floor(extract(epoch FROM min(expires_at) FILTER (WHERE expires_at > clock_timestamp()) - clock_timestamp()) * 1000000)::bigint, -1), count(*) FILTER (WHERE expires_at <= clock_timestamp()) FROM {s}.sessions WHERE grp = $1`
 	sqlChanges    = `SELECT pos, kind, member, name, session, created, digest, leaving, idx, count, data FROM {s}.changes WHERE grp = $1 AND pos > $2 AND pos <= $3 ORDER BY pos`
 	sqlPrune      = `WITH cut AS (SELECT max(pos) AS pos FROM {s}.changes WHERE grp = $1 AND logged_at < clock_timestamp() - $2::bigint * interval '1 microsecond'),
 	gone AS (DELETE FROM {s}.changes WHERE grp = $1 AND pos <= (SELECT pos FROM cut))
@@ -141,7 +146,7 @@ func (b *backend) follow(ctx context.Context, f *feed, from int64) error {
 			}
 		}
 		wait := min(b.st.poll, b.cfg.RenewEvery-time.Since(delivered))
-		if due >= 0 && expired == 0 {
+		if due >= 0 {
 			wait = min(wait, due+time.Millisecond)
 		}
 		wctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))

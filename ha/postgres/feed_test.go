@@ -20,6 +20,26 @@ func feedBackend(st *store, group, id string, renewEvery time.Duration) *backend
 	return st.backend(ha.BackendConfig{Group: group, ID: id, TTL: time.Second, RequestTimeout: 2 * time.Second, RenewEvery: renewEvery})
 }
 
+// watchGroup lists group on st as replica "reader", renewing (and so
+// owing progress) every renewEvery, and starts its feed from the
+// listing's position; the feed is stopped, and its goroutine waited for,
+// when t ends.
+func watchGroup(t *testing.T, st *store, group string, renewEvery time.Duration) (*backend, ha.Feed) {
+	t.Helper()
+	reader := feedBackend(st, group, "reader", renewEvery)
+	_, from, err := reader.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	f := reader.Watch(from, &wg)
+	t.Cleanup(func() {
+		f.Stop()
+		wg.Wait()
+	})
+	return reader, f
+}
+
 // nextChanges returns the next batch of f with changes or an error,
 // failing the test after within.
 func nextChanges(t *testing.T, f ha.Feed, within time.Duration) ha.FeedBatch {
@@ -53,15 +73,7 @@ func TestFeedIsWokenByANotification(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = a.End(ctx, s.ID) }()
-	reader := feedBackend(st, group, "r1", 30*time.Second)
-	_, from, err := reader.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	f := reader.Watch(from, &wg)
-	defer wg.Wait()
-	defer f.Stop()
+	_, f := watchGroup(t, st, group, 30*time.Second)
 	time.Sleep(200 * time.Millisecond) // the feed waits on its notifications
 	claimed := time.Now()
 	if _, _, err := a.Claim(ctx, s.ID, []string{"x"}); err != nil {
@@ -95,15 +107,7 @@ func TestFeedEndsAnUnrenewedSessionOnTime(t *testing.T) {
 	if _, _, err := a.Claim(ctx, s.ID, []string{"x", "y"}); err != nil {
 		t.Fatal(err)
 	}
-	reader := feedBackend(st, group, "r1", time.Second)
-	_, from, err := reader.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	f := reader.Watch(from, &wg)
-	defer wg.Wait()
-	defer f.Stop()
+	_, f := watchGroup(t, st, group, time.Second)
 	fb := nextChanges(t, f, ttl+3*time.Second)
 	got := time.Since(sent)
 	if fb.Err != nil || len(fb.Changes) != 3 {

@@ -67,6 +67,11 @@ FROM {s}.sessions s JOIN {s}.claims c ON c.session = s.id AND c.grp = $1 AND c.n
 // store the write goes to. Here the write and the check share one
 // transaction of the database that keeps the claims.
 func Held(ctx context.Context, tx pgx.Tx, claim ha.Claim) error {
+	if tx == nil {
+		// Refused by name rather than a nil dereference: a DoFunc that
+		// lost its transaction must not panic its controller.
+		return fmt.Errorf("postgres: Held(%q): the transaction is nil", claim.Name)
+	}
 	schema, group, ok := splitClaimKey(claim)
 	if !ok {
 		return fmt.Errorf("postgres: Held: claim %q has key %q, not one of this store's", claim.Name, claim.Key)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +73,33 @@ func (f *heldFixture) fencedWrite(ctx context.Context, c ha.Claim, writer string
 		_, err := tx.Exec(ctx, "INSERT INTO "+f.table+" VALUES ($1, $2)", c.Name, writer)
 		return err
 	})
+}
+
+// heldTx begins a transaction on f's pool that passed Held for c; it is
+// rolled back when t ends, unless it ended before.
+func (f *heldFixture) heldTx(t *testing.T, c ha.Claim) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if err := Held(ctx, tx, c); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// busy keeps tx busy (not idle: the server's idle bound does not end
+// it) for d, from a goroutine that t's end waits for.
+func busy(t *testing.T, tx pgx.Tx, d time.Duration) {
+	done := make(chan struct{})
+	go func() { // joined when t ends
+		defer close(done)
+		_, _ = tx.Exec(context.Background(), "SELECT pg_sleep($1)", d.Seconds())
+	}()
+	t.Cleanup(func() { <-done })
 }
 
 // writes returns how many rows writer wrote.
@@ -145,8 +173,8 @@ func TestHeldRefusesAFormerHolding(t *testing.T) {
 	if r0, r1 := f.writes(t, "r0"), f.writes(t, "r1"); r0 != 0 || r1 != 1 {
 		t.Errorf("rows written by the former holder %d (want 0), by the new one %d (want 1)", r0, r1)
 	}
-	if err := Held(ctx, nil, ha.Claim{Name: "x", Key: "not-a-key"}); err == nil {
-		t.Error("Held of a claim with a foreign key passed")
+	if err := f.fencedWrite(ctx, ha.Claim{Name: "x", Key: "not-a-key"}, "r2"); err == nil || !strings.Contains(err.Error(), "not-a-key") {
+		t.Errorf("Held of a claim with a foreign key: %v; want it refused, naming the key", err)
 	}
 }
 
@@ -158,14 +186,7 @@ func TestHeldHoldsOffTheSessionsEnd(t *testing.T) {
 	f := newHeldFixture(t)
 	ctx := context.Background()
 	a, sa, claims := f.member(t, "r0", 5*time.Second, "x")
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := Held(ctx, tx, claims["x"]); err != nil {
-		t.Fatal(err)
-	}
+	tx := f.heldTx(t, claims["x"])
 	ended := make(chan error, 1)
 	go func() { ended <- a.End(ctx, sa.ID) }() // joined below: <-ended
 	select {
@@ -199,14 +220,7 @@ func TestHeldBoundsAFrozenTransaction(t *testing.T) {
 	ctx := context.Background()
 	const ttl = time.Second
 	a, sa, claims := f.member(t, "r0", ttl, "x")
-	tx, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := Held(ctx, tx, claims["x"]); err != nil {
-		t.Fatal(err)
-	}
+	tx := f.heldTx(t, claims["x"])
 	if _, err := tx.Exec(ctx, "INSERT INTO "+f.table+" VALUES ('x', 'r0')"); err != nil {
 		t.Fatal(err)
 	}

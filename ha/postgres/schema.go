@@ -8,6 +8,8 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -27,15 +29,36 @@ const SchemaVersion = 1
 // for the transaction.
 const sqlSchemaLock = `SELECT pg_advisory_xact_lock(hashtext('github.com/bgctl/controller/ha/postgres ' || $1))`
 
+// schemaRelations are the names of the tables and indexes SchemaSQL
+// makes.
+var schemaRelations = func() []string {
+	var names []string
+	for _, m := range regexp.MustCompile(`CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)`).FindAllStringSubmatch(SchemaSQL, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}()
+
+// sqlForeignRelations reads which of the relations $2 schema $1 holds.
+const sqlForeignRelations = `SELECT coalesce(array_agg(c.relname::text ORDER BY c.relname), '{}') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = ANY($2::text[])`
+
 // ready checks the server's version, creates the store's schema if
 // missing and checks its version, once per store: every backend's first
-// request waits for it. Concurrent
+// request waits for it, as long as its context allows. Concurrent
 // stores (replicas in other processes) serialize on an advisory lock
 // held for the transaction, so that two never create the tables at
 // once.
 func (s *store) ready(ctx context.Context) error {
-	s.setupMu.Lock()
-	defer s.setupMu.Unlock()
+	select {
+	case s.setup <- struct{}{}: // free: taken even when ctx has ended
+	default:
+		select {
+		case s.setup <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("postgres: preparing schema %q: waiting for another call that prepares it: %w", s.schema, context.Cause(ctx))
+		}
+	}
+	defer func() { <-s.setup }()
 	if s.setupDone {
 		return nil
 	}
@@ -56,6 +79,17 @@ func (s *store) ready(ctx context.Context) error {
 			return err
 		}
 		if !exists {
+			// No schema_version: the tables are the store's to make. One
+			// of their names there already is someone else's (a user's
+			// own "sessions" in public, say), which CREATE ... IF NOT
+			// EXISTS would keep, and the store then write to.
+			var foreign []string
+			if err := tx.QueryRow(ctx, sqlForeignRelations, s.schema, schemaRelations).Scan(&foreign); err != nil {
+				return err
+			}
+			if len(foreign) > 0 {
+				return fmt.Errorf("schema %q holds %s, which the store did not make (there is no schema_version table): give the store a schema of its own (StoreOptions.Schema)", s.schema, strings.Join(foreign, ", "))
+			}
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+s.q.schema); err != nil {
 				return err
 			}

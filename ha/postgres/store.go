@@ -9,8 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
-	"sync"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgctl/controller/ha"
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,9 @@ type StoreOptions struct {
 	// created on first use if missing. A lower-case SQL identifier:
 	// letters, digits and underscores, not starting with a digit, at
 	// most 63 bytes. Default "bgctl_ha". Every group of replicas (their
-	// Options.Prefix) shares its tables, apart by a column.
+	// Options.Prefix) shares its tables, apart by a column. A schema
+	// without the store's tables that holds a table or index of one of
+	// their names (a service's own "sessions" in public) is refused.
 	Schema string
 	// Retention is how long the change log keeps a change: a feed that
 	// falls further behind lists the group again, and HeldAt fails for
@@ -58,9 +61,11 @@ var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // PostgreSQL server pool reaches, in the tables of schema o.Schema, for
 // [ha.New] or [ha.Join]. It sends nothing: the first request of the
 // first backend creates the schema if missing, and checks its version.
-// The pool serves the backends' requests, and one connection per
-// replica for its feed (LISTEN), held as long as the feed runs: size it
-// for that. When pool is nil or o is invalid (a Schema that is not a
+// The pool serves the backends' requests; each replica's feed takes a
+// connection from it and keeps it for itself while it runs (LISTEN),
+// outside the pool's count, which may open another in its place: count
+// one connection per replica on top of the pool's MaxConns against the
+// server's max_connections. When pool is nil or o is invalid (a Schema that is not a
 // plain identifier, a negative duration), the store's Backend, and so
 // ha.New, fails with an error naming the culprit.
 func Store(pool *pgxpool.Pool, o StoreOptions) ha.Store {
@@ -92,8 +97,11 @@ type store struct {
 	// Begin: an answer held back, or lost.
 	afterBegin func() error
 
-	setupMu   sync.Mutex // held while the schema is checked
-	setupDone bool       // guarded by setupMu: the schema was checked
+	// setup holds a token while a call checks the schema: a channel, not
+	// a mutex, so that a call waiting for another's check gives up when
+	// its own context ends.
+	setup     chan struct{}
+	setupDone bool // guarded by setup: the schema was checked
 }
 
 // newStore is Store, with an error for invalid options.
@@ -122,6 +130,7 @@ func newStore(pool *pgxpool.Pool, o StoreOptions) (*store, error) {
 		retention:  cmp.Or(o.Retention, defaultRetention),
 		poll:       cmp.Or(o.Poll, defaultPoll),
 		claimNames: cmp.Or(o.ClaimNames, defaultClaimNames),
+		setup:      make(chan struct{}, 1),
 	}, nil
 }
 
@@ -134,8 +143,20 @@ func (s *store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if c.ID == "" {
 		return nil, errors.New("postgres: the replica's ID is empty")
 	}
+	// Refused here, by name: PostgreSQL's text holds neither, and every
+	// request of the replica would fail with the server's encoding error.
+	if !textHolds(c.Group) {
+		return nil, fmt.Errorf("postgres: the replica's group (Options.Prefix) %q has a NUL byte or is not UTF-8, which PostgreSQL's text cannot hold", c.Group)
+	}
+	if !textHolds(c.ID) {
+		return nil, fmt.Errorf("postgres: the replica's ID %q has a NUL byte or is not UTF-8, which PostgreSQL's text cannot hold", c.ID)
+	}
 	return s.backend(c), nil
 }
+
+// textHolds reports whether PostgreSQL's text (in a UTF-8 database)
+// holds s: valid UTF-8 without a NUL byte.
+func textHolds(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // backend is Backend, typed; zero durations of c get defaults, as the
 // conformance suite passes them.

@@ -44,16 +44,23 @@ type writeTx struct {
 // second.
 func (b *backend) writeBound() int64 { return max(b.cfg.RequestTimeout, time.Second).Milliseconds() }
 
-// beginBounded is the BEGIN of the store's own transactions, which sets
-// the server's statement_timeout and lock_timeout for the transaction
-// to ms (0: none, the request's context alone bounds it), in the same
-// round trip. A role or a database may set them low for user code; the
+// beginBounded is the BEGIN of the store's own transactions (its writes
+// and its schema check): at READ COMMITTED whatever the database's
+// default isolation, as the arguments of DESIGN.md assume that each
+// statement reads what committed before it, so that a write that waited
+// for the group's row (or the schema's advisory lock) sees the one
+// before it (at REPEATABLE READ or SERIALIZABLE, a default a server, a
+// role or a DSN may set, it would fail with a serialization error
+// instead, or read the schema's version from before it was written);
+// and setting the server's statement_timeout and lock_timeout for the
+// transaction to ms (0: none, the request's context alone bounds it), in
+// the same round trip. A role or a database may set them low for user code; the
 // store's statements are short, but its writes wait their turn for the
 // group's row and its first request for the schema's lock, waits its
 // requests' contexts already bound. DESIGN.md, "Partitions and
 // timeouts".
 func beginBounded(ms int64) string {
-	return fmt.Sprintf("BEGIN; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d", ms, ms)
+	return fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = %d; SET LOCAL lock_timeout = %d", ms, ms)
 }
 
 // Expiry and a renewal of one session cannot both succeed: the expiry
@@ -102,7 +109,15 @@ func (b *backend) write(ctx context.Context, f func(ctx context.Context, w *writ
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after Commit, does nothing
+	defer func() {
+		// After Commit, does nothing. Bounded by RequestTimeout of its
+		// own: ctx may have ended already (that may be why f failed),
+		// and a rollback without a deadline, sent as the server stops
+		// answering, would wait for it for good.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.RequestTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 	w := &writeTx{tx: tx, b: b}
 	if err := w.lock(ctx); err != nil {
 		return err
