@@ -115,6 +115,12 @@ func TestLaggingObserverOnKubernetes(t *testing.T) {
 	lag.shut()
 	held := time.Now()
 	readsOfB := lag.count(http.MethodGet, "b", http.StatusOK)
+	var ofC []string
+	for n, id := range placed.where {
+		if id == "c" {
+			ofC = append(ofC, n)
+		}
+	}
 	g.cuts["c"].off.Store(true) // a crash: c never ends its session
 	if err := g.rs["c"].Close(); err != nil {
 		t.Logf("Close(c) cut off: %v", err)
@@ -125,8 +131,9 @@ func TestLaggingObserverOnKubernetes(t *testing.T) {
 	lag.release()
 	released := time.Now()
 	took, _ := g.waitPlaced("after a's watch caught up", 30*time.Second, "a", "b")
-	t.Logf("a's watch held %v from c's crash; every name on a or b %v after its release; a read b's Lease %d times meanwhile (its stamps due on versions b had renewed)",
-		released.Sub(held).Round(time.Millisecond), took.Round(time.Millisecond), readsOfB)
+	first, last, moved := g.runs.startedBetween(ofC, held)
+	t.Logf("a's watch held %v from c's crash; %d of c's %d names ran elsewhere %v to %v after the crash (D = %v), every name on a or b %v after the release; a read b's Lease %d times meanwhile (its stamps due on versions b had renewed)",
+		released.Sub(held).Round(time.Millisecond), moved, len(ofC), first.Sub(held).Round(time.Millisecond), last.Sub(held).Round(time.Millisecond), replicaTTL, took.Round(time.Millisecond), readsOfB)
 
 	if readsOfB == 0 {
 		t.Errorf("a never read b's Lease while its watch lagged; want its stamps of b to fall due, and a quorum read to find b renewed")
