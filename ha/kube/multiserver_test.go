@@ -288,7 +288,7 @@ func TestReplicasOnSeveralAPIServers(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
 	}
 	g.waitPlaced("b back", 30*time.Second, ids...)
-	t.Logf("b's server ready again: b runs names again, every name placed, %v later", time.Since(restarted).Round(time.Millisecond))
+	t.Logf("b's server ready again: b runs names again, every name placed, %v later (%v after the kill)", time.Since(restarted).Round(time.Millisecond), time.Since(at).Round(time.Millisecond))
 	for _, id := range []string{"a", "c"} {
 		if n := g.fencesOf[id].Load(); n != 0 {
 			t.Errorf("%d fence passes on %s, whose server stayed up; want none", n, id)
