@@ -1,5 +1,6 @@
-// A TCP proxy between one client and the kube-apiserver, which can be cut
-// into a black hole and healed, to partition that client alone.
+// A TCP proxy between one client and a kube-apiserver, which can be cut
+// into a black hole and healed, to partition that client alone, or moved
+// to another kube-apiserver, as a load balancer moves a client.
 
 package kube
 
@@ -15,15 +16,17 @@ import (
 // when the network drops its packets, or when the process at the other
 // end was killed and the kernel has not told anyone. Bytes held at a cut
 // cross once it heals, as TCP would retransmit them; bytes held when it
-// closes never do.
+// closes never do. Moved, it closes every connection and sends the new
+// ones to another target.
 type blackHole struct {
 	ln     net.Listener  // immutable
-	target string        // immutable
+	up     *valve        // immutable; open while bytes may cross
 	closed chan struct{} // closed by close, which frees every pipe
 
-	mu    sync.Mutex
-	up    chan struct{}         // guarded by mu; closed while bytes may cross
-	conns map[net.Conn]struct{} // guarded by mu; both ends of every open connection
+	mu     sync.Mutex
+	target string                // guarded by mu; where new connections go
+	moves  int                   // guarded by mu; how many times move changed target
+	conns  map[net.Conn]struct{} // guarded by mu; both ends of every open connection
 
 	wg sync.WaitGroup // the accept loop and two pipes per connection; joined by close
 }
@@ -35,8 +38,7 @@ func newBlackHole(t testing.TB, target string) *blackHole {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &blackHole{ln: ln, target: target, closed: make(chan struct{}), up: make(chan struct{}), conns: map[net.Conn]struct{}{}}
-	close(p.up)
+	p := &blackHole{ln: ln, target: target, closed: make(chan struct{}), up: newValve(), conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept() // joined by close
 	t.Cleanup(p.close)
@@ -46,34 +48,24 @@ func newBlackHole(t testing.TB, target string) *blackHole {
 // addr is the host:port a client dials instead of the target's.
 func (p *blackHole) addr() string { return p.ln.Addr().String() }
 
-// cut stops every byte from crossing, from now until heal.
-func (p *blackHole) cut() {
+// move sends every new connection to target from now on, and closes
+// every open one, as a load balancer that moves a client to another
+// server: the client sees its connections end and dials again.
+func (p *blackHole) move(target string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	select {
-	case <-p.up:
-		p.up = make(chan struct{})
-	default: // already cut
+	p.target = target
+	p.moves++
+	for c := range p.conns {
+		c.Close() // its pipes end and forget it
 	}
 }
+
+// cut stops every byte from crossing, from now until heal.
+func (p *blackHole) cut() { p.up.shut() }
 
 // heal lets bytes cross again, those held at the cut first.
-func (p *blackHole) heal() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.up:
-	default:
-		close(p.up)
-	}
-}
-
-// gate returns a channel that is closed while the proxy is not cut.
-func (p *blackHole) gate() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.up
-}
+func (p *blackHole) heal() { p.up.release() }
 
 // close stops accepting, closes every connection, drops what a cut held,
 // and waits for its goroutines. It may be called more than once.
@@ -102,9 +94,12 @@ func (p *blackHole) accept() {
 		if err != nil {
 			return // closed
 		}
-		up, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		target, moves := p.target, p.moves
+		p.mu.Unlock()
+		up, err := net.Dial("tcp", target)
 		if err != nil {
-			down.Close()
+			down.Close() // a dead server: the client sees its connection end
 			continue
 		}
 		p.mu.Lock()
@@ -115,6 +110,12 @@ func (p *blackHole) accept() {
 			up.Close()
 			return
 		default:
+		}
+		if p.moves != moves { // dialled the target move left
+			p.mu.Unlock()
+			down.Close()
+			up.Close()
+			continue
 		}
 		p.conns[down], p.conns[up] = struct{}{}, struct{}{}
 		p.wg.Add(2)
@@ -141,7 +142,7 @@ func (p *blackHole) pipe(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			select {
-			case <-p.gate():
+			case <-p.up.gate():
 			case <-p.closed:
 				return
 			}

@@ -177,8 +177,14 @@ func newCluster(t testing.TB, apiFlags ...string) *cluster {
 // client returns a clientset that authenticates with token and trusts the
 // server's CA alone.
 func (c *cluster) client(token string) (*kubernetes.Clientset, error) {
+	return c.clientAt(c.api.url, token)
+}
+
+// clientAt returns a clientset of the server at url (c's, or a peer of
+// it: kubetest.APIServer.StartPeer), as client does.
+func (c *cluster) clientAt(url, token string) (*kubernetes.Clientset, error) {
 	cfg := &rest.Config{
-		Host:            c.api.url,
+		Host:            url,
 		BearerToken:     token,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: c.api.caFile},
 		// The default (5 per second) would pace the tests, not the server.

@@ -193,10 +193,8 @@ func TestReplicasThroughCompactionAndRelists(t *testing.T) {
 			for _, id := range ids {
 				g.join(id)
 			}
-			_, where := g.waitPlaced("three replicas placing", 30*time.Second, ids...)
-			g.runs.mu.Lock()
-			starts := g.runs.starts
-			g.runs.mu.Unlock()
+			g.waitPlaced("three replicas placing", 30*time.Second, ids...)
+			placed := g.mark()
 
 			for round := range 2 {
 				before := st.snapshot()
@@ -229,12 +227,8 @@ func TestReplicasThroughCompactionAndRelists(t *testing.T) {
 			if got := sumOf(st.snapshot(), "gone", ids...); !tc.wantGone && got != 0 {
 				t.Logf("with the watch cache, %d watches were answered 410 all the same", got)
 			}
-			now, all := g.runs.placement(g.names)
-			g.runs.mu.Lock()
-			restarted := g.runs.starts - starts
-			g.runs.mu.Unlock()
-			if restarted != 0 || !all || !maps.Equal(now, where) {
-				t.Errorf("through the relists: %d runs started, every name on one replica: %v, placement kept: %v; want the names to run on where they ran", restarted, all, maps.Equal(now, where))
+			if restarted, kept := g.keptSince(placed); restarted != 0 || !kept {
+				t.Errorf("through the relists: %d runs started, every name kept on its replica: %v; want the names to run on where they ran", restarted, kept)
 			}
 			if n := g.fences.Load(); n != 0 {
 				t.Errorf("%d fence passes; want none", n)

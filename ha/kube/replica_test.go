@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -195,11 +196,14 @@ type kubeReplicas struct {
 	config func(id string) *rest.Config
 
 	// fences counts the FencePassed events of every replica joined, and
+	// fencesOf those of each replica ID (the map written by join alone,
+	// on the test's goroutine; each counter by its replica's reader);
 	// events owns the goroutines that read them: one per replica, ending
 	// when its Events channel closes, after the replica stopped. The
 	// cleanup closes every replica, then joins them.
-	fences atomic.Int64
-	events sync.WaitGroup
+	fences   atomic.Int64
+	fencesOf map[string]*atomic.Int64
+	events   sync.WaitGroup
 }
 
 func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
@@ -211,7 +215,7 @@ func newKubeReplicas(t *testing.T, names int) *kubeReplicas {
 func newKubeReplicasOn(t *testing.T, c *cluster, names int) *kubeReplicas {
 	applyManifest(t, c)
 	g := &kubeReplicas{t: t, c: c, group: "r" + strings.ToLower(rand.Text()[:10]), runs: newRuns(),
-		cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
+		cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}, fencesOf: map[string]*atomic.Int64{}}
 	for i := range names {
 		g.names = append(g.names, fmt.Sprintf("name-%03d", i))
 	}
@@ -265,10 +269,15 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 		}
 	}
 	events := r.Events(context.Background()) // closed once r has stopped
+	if g.fencesOf[id] == nil {
+		g.fencesOf[id] = &atomic.Int64{}
+	}
+	fenced := g.fencesOf[id]
 	g.events.Go(func() {
 		for ev := range events {
 			if ev.Kind == ha.FencePassed {
 				g.fences.Add(1)
+				fenced.Add(1)
 				g.t.Logf("replica %s: fence passed: %v", id, ev.Err)
 			}
 		}
@@ -317,6 +326,35 @@ func (r *runs) waitPlaced(t testing.TB, names []string, what string, limit time.
 		}
 		time.Sleep(20 * time.Millisecond) // a real server's time: polled, loosely bounded
 	}
+}
+
+// runsMark is where the names ran, and how many runs had started, at
+// one moment (kubeReplicas.mark).
+type runsMark struct {
+	where    map[string]string
+	starts   int
+	startsOf map[string]int // each name's runs started
+}
+
+// mark returns where the names run now, and how many runs started.
+func (g *kubeReplicas) mark() runsMark {
+	where, _ := g.runs.placement(g.names)
+	g.runs.mu.Lock()
+	defer g.runs.mu.Unlock()
+	m := runsMark{where: where, starts: g.runs.starts, startsOf: map[string]int{}}
+	for _, n := range g.names {
+		m.startsOf[n] = len(g.runs.began[n])
+	}
+	return m
+}
+
+// keptSince returns how many runs started since m, and whether every
+// name runs now, once, on the replica it ran on at m.
+func (g *kubeReplicas) keptSince(m runsMark) (restarted int, kept bool) {
+	now, all := g.runs.placement(g.names)
+	g.runs.mu.Lock()
+	defer g.runs.mu.Unlock()
+	return g.runs.starts - m.starts, all && maps.Equal(now, m.where)
 }
 
 // firstStartSince returns the earliest start of a run of any of names at

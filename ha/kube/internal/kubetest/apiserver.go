@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/bgctl/controller/ha/internal/gobuild"
@@ -33,13 +34,22 @@ func CheckRelease(release string) error { return gobuild.CheckKubeRelease(releas
 func APIServerBinary(release string) (string, error) { return gobuild.KubeAPIServer(release) }
 
 // APIServer is a running kube-apiserver. Its fields are set by
-// StartAPIServer and never change.
+// StartAPIServer, StartPeer or Restart and never change.
 type APIServer struct {
 	URL          string // https://127.0.0.1:<port>
 	CAFile       string // the CA of its self-signed serving certificate
 	AdminToken   string // user admin, group system:masters
 	ReplicaToken string // the ServiceAccount of deploy/rbac.yaml
 	Proc         *Process
+
+	bin, release string   // the binary and the release it reports
+	dir          string   // its own files: the log, and the data of a first server
+	args         []string // its flags, for Restart
+	restarts     int      // how many Restarts made it from the first start
+	// shared are the flags every server of its cluster takes alike: the
+	// tokens it accepts, the key it checks ServiceAccount tokens with,
+	// and its serving certificate, for StartPeer.
+	shared []string
 }
 
 // The replicas' identity: the username and groups Kubernetes gives a pod
@@ -60,34 +70,86 @@ func StartAPIServer(bin, release, etcdURL, dir string, extra ...string) (*APISer
 	if err != nil {
 		return nil, err
 	}
-	s := &APIServer{AdminToken: rand.Text(), ReplicaToken: rand.Text()}
+	s := &APIServer{AdminToken: rand.Text(), ReplicaToken: rand.Text(), bin: bin, release: release, dir: dir}
 	tokens := filepath.Join(dir, "tokens.csv") // token,user,uid,"group,..."
 	csv := fmt.Sprintf("%s,admin,admin,\"system:masters\"\n%s,%s,replica,\"%s\"\n", s.AdminToken, s.ReplicaToken, ReplicaUser, replicaGroups)
 	if err := os.WriteFile(tokens, []byte(csv), 0o600); err != nil {
 		return nil, err
 	}
-	port, err := FreePort()
-	if err != nil {
+	certDir := filepath.Join(dir, "certs")
+	s.CAFile = filepath.Join(certDir, "apiserver.crt") // the serving certificate and its CA, written at start
+	keys := []string{
+		"--service-account-key-file", saKey,
+		"--service-account-signing-key-file", saKey,
+		"--token-auth-file", tokens,
+	}
+	// A peer serves the certificate the first start wrote into
+	// --cert-dir; a restart finds it there and writes no other.
+	s.shared = slices.Concat(keys, []string{"--tls-cert-file", s.CAFile, "--tls-private-key-file", filepath.Join(certDir, "apiserver.key")})
+	if err := s.start(etcdURL, slices.Concat(keys, []string{"--cert-dir", certDir}), extra); err != nil {
 		return nil, err
 	}
-	certDir := filepath.Join(dir, "certs")
+	return s, nil
+}
+
+// StartPeer starts another kube-apiserver of s's control plane, against
+// the etcd at etcdURL (s's, for a control plane), with its log in dir and
+// the flags extra added to its own: it accepts s's tokens, checks
+// ServiceAccount tokens with s's key and serves s's certificate, so that
+// a client of s may be moved to it, as the API servers behind one load
+// balancer serve one cluster.
+func (s *APIServer) StartPeer(etcdURL, dir string, extra ...string) (*APIServer, error) {
+	p := &APIServer{CAFile: s.CAFile, AdminToken: s.AdminToken, ReplicaToken: s.ReplicaToken,
+		bin: s.bin, release: s.release, dir: dir, shared: s.shared}
+	if err := p.start(etcdURL, s.shared, extra); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Restart starts s again once its process has ended (Proc.Stop kills
+// it): on the same port, with the same flags and certificate, as a
+// server a supervisor restarts. The log goes to a file of the restart's
+// own in s's directory. It returns the restarted server.
+func (s *APIServer) Restart() (*APIServer, error) {
+	r := *s
+	r.Proc, r.restarts = nil, s.restarts+1
+	if err := r.launch(); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// start picks s's port and starts it against etcdURL, with the flags
+// own (its certificate's and tokens') and extra.
+func (s *APIServer) start(etcdURL string, own, extra []string) error {
+	port, err := FreePort()
+	if err != nil {
+		return err
+	}
 	s.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	s.CAFile = filepath.Join(certDir, "apiserver.crt") // the serving certificate and its CA, written at start
-	args := append([]string{
+	s.args = slices.Concat([]string{
 		"--etcd-servers", etcdURL,
-		"--cert-dir", certDir,
 		"--secure-port", fmt.Sprint(port),
 		"--bind-address", "127.0.0.1",
 		"--advertise-address", "127.0.0.1",
 		"--service-account-issuer", "https://kubernetes.default.svc",
-		"--service-account-key-file", saKey,
-		"--service-account-signing-key-file", saKey,
 		"--authorization-mode", "Node,RBAC",
-		"--token-auth-file", tokens,
-		"--service-cluster-ip-range", "10.0.0.0/24"}, extra...)
-	s.Proc, err = startProcess(bin, filepath.Join(dir, "kube-apiserver.log"), "", args...)
+		"--service-cluster-ip-range", "10.0.0.0/24"}, own, extra)
+	return s.launch()
+}
+
+// launch runs s.bin with s.args and returns once the server is ready and
+// reports s.release.
+func (s *APIServer) launch() error {
+	logName := "kube-apiserver.log"
+	if s.restarts > 0 {
+		logName = fmt.Sprintf("kube-apiserver.restart-%d.log", s.restarts)
+	}
+	var err error
+	s.Proc, err = startProcess(s.bin, filepath.Join(s.dir, logName), "", s.args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var version struct{ GitVersion string }
 	var hc *http.Client
@@ -108,14 +170,14 @@ func StartAPIServer(bin, release, etcdURL, dir string, extra ...string) (*APISer
 	if hc != nil {
 		hc.CloseIdleConnections()
 	}
-	if err == nil && version.GitVersion != release {
-		err = fmt.Errorf("%s serves Kubernetes %s, not %s", bin, version.GitVersion, release)
+	if err == nil && version.GitVersion != s.release {
+		err = fmt.Errorf("%s serves Kubernetes %s, not %s", s.bin, version.GitVersion, s.release)
 	}
 	if err != nil {
 		s.Proc.Stop()
-		return nil, fmt.Errorf("kube-apiserver: %w", err)
+		return fmt.Errorf("kube-apiserver: %w", err)
 	}
-	return s, nil
+	return nil
 }
 
 // httpClient returns a client that trusts the server's CA alone.
