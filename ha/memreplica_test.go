@@ -8,6 +8,8 @@ import (
 	"context"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -350,4 +352,22 @@ func discardLogger() logrus.FieldLogger {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	return l
+}
+
+// TestNamesNoStoreCanHoldAreRefused registers, beside a group's names,
+// names no store keeps as text (invalid UTF-8, a NUL byte): each is
+// refused by UpdateController, naming it, where the mistake is made, and
+// the group's names run as before, none held up by a claim its store
+// refused.
+func TestNamesNoStoreCanHoldAreRefused(t *testing.T) {
+	runMemGroup(t, 6, func(t *testing.T, g *memGroup) {
+		r := g.join("r0")
+		for _, bad := range []string{"bad-\xff", "a\x00b"} {
+			err := r.UpdateController(bad, g.rec.Params("r0", bad))
+			if err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+				t.Errorf("UpdateController(%q) = %v; want an error naming it", bad, err)
+			}
+		}
+		g.waitPlacement(g.want("r0"), 10*time.Second)
+	})
 }

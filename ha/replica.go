@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bgctl/controller"
 )
@@ -409,10 +411,16 @@ func (r *Replica) ID() string { return r.opts.ID }
 // DoFunc's context carries the [Claim] ([ClaimFrom]) and is cancelled,
 // with cause [ErrFencePassed], when the replica's fence passes; so is
 // StopFunc's. It returns [ErrClosed] after Leave or Close, and an error for
-// an empty name.
+// an empty name, or one that is not valid UTF-8 or holds a NUL byte:
+// every store keeps names as text (Kubernetes in a Lease's JSON,
+// PostgreSQL in a text column), which holds neither, and a name its
+// store refused would fail every claim of the batch it is in.
 func (r *Replica) UpdateController(name string, params controller.ControllerParams) error {
 	if name == "" {
 		return errEmptyName("UpdateController")
+	}
+	if !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0 {
+		return fmt.Errorf("ha: UpdateController(%q): a replicated controller's name must be valid UTF-8 without NUL bytes", name)
 	}
 	if err := params.Validate(); err != nil {
 		// Refused here, where the mistake is made, rather than logged
