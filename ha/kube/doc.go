@@ -79,8 +79,10 @@
 // resourceVersion, a write or delete guarded by one). A replica whose
 // connection moves to another server, or whose server dies, keeps its
 // names if a renewal is answered before its fence passes, D − Margin
-// after the send of the last one answered.
-// DESIGN.md has the measurements and the tests.
+// after the send of the last one answered. [Metrics] counts every
+// answer 429 (or 5xx with Retry-After) the store got, the renewals'
+// apart: register it beside ha's (or [DefaultMetrics] beside
+// ha.DefaultMetrics). DESIGN.md has the measurements and the tests.
 //
 // # What users run today, measured
 //

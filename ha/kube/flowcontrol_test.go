@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha/kube/internal/kubetest"
 )
 
@@ -282,11 +284,15 @@ func TestReplicasUnderAFloodWithTheirFlowSchema(t *testing.T) {
 }
 
 // renewalLog records, for a group's replicas, each renewal's send and
-// answer times and, for one answered 429, the Retry-After it carried.
-// Guarded by mu.
+// answer times and, for one answered 429, the Retry-After it carried;
+// and, over all their Lease requests, the answers that ask to retry
+// later. Guarded by mu.
 type renewalLog struct {
 	mu    sync.Mutex
 	sends map[string][]renewalSend // by replica, in the order sent
+	// later counts the answers 429, and 5xx with Retry-After, to Lease
+	// requests: "429|5xx get|list|watch|write" → answers (requestKind).
+	later map[string]int
 }
 
 // renewalSend is one renewal request and its answer.
@@ -327,6 +333,20 @@ type renewalTransport struct {
 func (t renewalTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	sent := time.Now()
 	resp, err := t.rt.RoundTrip(req)
+	if kind := requestKind(req); err == nil && kind != "other" {
+		answer := ""
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests:
+			answer = "429"
+		case resp.StatusCode >= 500 && resp.Header.Get("Retry-After") != "":
+			answer = "5xx"
+		}
+		if answer != "" {
+			t.l.mu.Lock()
+			t.l.later[answer+" "+kind]++
+			t.l.mu.Unlock()
+		}
+	}
 	if req.Method != http.MethodPut || !strings.HasSuffix(req.URL.Path, memberInfix+t.id) {
 		return resp, err
 	}
@@ -390,15 +410,20 @@ func rejectingLevel(t *testing.T, c *cluster, f *flood) (remove func()) {
 // renewal, bounded by the fence), or than its own renewal period: never
 // in a tight loop. Whatever the throttling costs (fence passes, names
 // moving), nothing runs twice at once, and once the flood ends every name
-// runs again.
+// runs again. The stores' metric counts every answer that asked to retry
+// later that the replicas' own transports saw, the renewals' among the
+// renewals.
 func TestReplicasHonourRetryAfter(t *testing.T) {
 	t.Parallel() // servers of its own
 	c := newCluster(t)
 	f := newFlood(t, c, 500, 32)
 	g := newKubeReplicasOn(t, c, 30)
 	g.ttl = 4 * time.Second // a renewal every 0.75 s: many tries at a level the flood keeps busy
-	l := &renewalLog{sends: map[string][]renewalSend{}}
+	l := &renewalLog{sends: map[string][]renewalSend{}, later: map[string]int{}}
 	g.wrap = l.transport
+	reg := prometheus.NewPedanticRegistry()
+	g.metrics = NewMetrics(controller.MetricsOpts{})
+	reg.MustRegister(g.metrics)
 	ids := []string{"a", "b", "c"}
 	for _, id := range ids {
 		g.join(id)
@@ -421,6 +446,10 @@ func TestReplicasHonourRetryAfter(t *testing.T) {
 	t.Logf("the flood: %d lists answered, %d of them 429, by priority level %v", f.lists, f.tooMany, f.levels)
 	f.mu.Unlock()
 	g.waitPlaced("after the flood", g.ttl+30*time.Second, ids...)
+	for _, r := range g.rs {
+		_ = r.Close() // no request from here on: the metric and the transports' counts stand still
+	}
+	checkThrottledMetric(t, reg, l)
 
 	every := (g.ttl - g.ttl/4) / 4 // (D − Margin)/4, Margin its default D/4
 	throttled := 0
@@ -443,5 +472,45 @@ func TestReplicasHonourRetryAfter(t *testing.T) {
 	t.Logf("%d renewals answered 429, with Retry-After %v; %d fence passes", throttled, waits, g.fences.Load())
 	if throttled == 0 {
 		t.Errorf("no renewal was answered 429 in 30 s of the flood; the test shows nothing")
+	}
+}
+
+// checkThrottledMetric checks the throttled requests' metric the
+// replicas' stores counted into reg against what their transports, l,
+// saw: as many answers 429, and 5xx with Retry-After, in all; every
+// watch so answered counted as a watch; and at least every renewal
+// answered 429 as a renewal (the session's other requests count there
+// too).
+func checkThrottledMetric(t *testing.T, reg prometheus.Gatherer, l *renewalLog) {
+	t.Helper()
+	got := throttledCounts(t, reg)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	renewals := 0
+	for _, sends := range l.sends {
+		for _, s := range sends {
+			if s.status == http.StatusTooManyRequests {
+				renewals++
+			}
+		}
+	}
+	t.Logf("throttled requests: the metric %v; the transports %v, %d of them renewals", got, l.later, renewals)
+	for _, answer := range []string{"429", "5xx"} {
+		sum, seen := 0, 0
+		for _, request := range []string{"renewal", "write", "read", "watch"} {
+			sum += got[request+" "+answer]
+		}
+		for _, kind := range []string{"get", "list", "watch", "write"} {
+			seen += l.later[answer+" "+kind]
+		}
+		if sum != seen {
+			t.Errorf("the metric counts %d answers %s; the replicas' transports saw %d", sum, answer, seen)
+		}
+		if n, want := got["watch "+answer], l.later[answer+" watch"]; n != want {
+			t.Errorf("the metric counts %d watches answered %s; the transports saw %d", n, answer, want)
+		}
+	}
+	if n := got["renewal 429"]; n < renewals {
+		t.Errorf("the metric counts %d renewals answered 429; the transports saw %d", n, renewals)
 	}
 }
