@@ -23,14 +23,15 @@ import (
 // server (QPS 1) slows only the claims. Both send through hc (one
 // transport, whose HTTP/2 connection carries requests side by side):
 // what could make a renewal wait is a client-side limiter, and that is
-// not shared.
+// not shared. Each client counts in m, if not nil, the answers that ask
+// it to retry later (Metrics), the renewals' as renewals.
 //
 // A sample at QPS 5, Burst 10, D = 10 s, Margin = 2 s: a takeover queues
 // 256 bucket writes on leases' limiter, the last sent about 50 s later;
 // a renewal due meanwhile, every (D − Margin)/4 = 2 s, takes a token
 // from renewals' bucket, full at 10, and goes at once.
-func leaseClients(cfg *rest.Config, hc *http.Client, namespace string) (leases, renewals coordinationv1client.LeaseInterface, err error) {
-	cl, err := coordinationv1client.NewForConfigAndClient(cfg, hc)
+func leaseClients(cfg *rest.Config, hc *http.Client, namespace string, m *Metrics) (leases, renewals coordinationv1client.LeaseInterface, err error) {
+	cl, err := coordinationv1client.NewForConfigAndClient(cfg, m.client(hc, false))
 	if err != nil {
 		return nil, nil, fmt.Errorf("kube: the Lease client: %w", err)
 	}
@@ -40,7 +41,7 @@ func leaseClients(cfg *rest.Config, hc *http.Client, namespace string) (leases, 
 		own.QPS = max(own.QPS, rest.DefaultQPS)
 		own.Burst = max(own.Burst, rest.DefaultBurst)
 	}
-	ren, err := coordinationv1client.NewForConfigAndClient(own, hc)
+	ren, err := coordinationv1client.NewForConfigAndClient(own, m.client(hc, true))
 	if err != nil {
 		return nil, nil, fmt.Errorf("kube: the renewals' Lease client: %w", err)
 	}

@@ -71,7 +71,9 @@
 // deploy/flowcontrol.yaml beside deploy/rbac.yaml: the replicas' Lease
 // requests then have a priority level of their own, which other clients'
 // floods cannot fill; a 429's Retry-After is waited out within the
-// renewal. Several API servers behind a load balancer, each with a
+// renewal, and [Metrics] counts every answer 429 (or 5xx with
+// Retry-After) the store got, the renewals' apart: register it beside
+// ha's (or [DefaultMetrics] beside ha.DefaultMetrics). Several API servers behind a load balancer, each with a
 // watch cache that lags the others', are safe: the watch only tells an
 // observer what changed and when it first saw a version, so a lagging one
 // takes over later, never sooner, and every proof that a session ended,
@@ -79,8 +81,8 @@
 // resourceVersion, a write or delete guarded by one). A replica whose
 // connection moves to another server, or whose server dies, keeps its
 // names if a renewal is answered before its fence passes, D − Margin
-// after the send of the last one answered.
-// DESIGN.md has the measurements and the tests.
+// after the send of the last one answered. DESIGN.md has the
+// measurements and the tests.
 //
 // # What users run today, measured
 //

@@ -7,8 +7,10 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -18,14 +20,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	"github.com/bgctl/controller"
 	"github.com/bgctl/controller/ha/kube/internal/kubetest"
 )
 
@@ -282,15 +288,20 @@ func TestReplicasUnderAFloodWithTheirFlowSchema(t *testing.T) {
 }
 
 // renewalLog records, for a group's replicas, each renewal's send and
-// answer times and, for one answered 429, the Retry-After it carried.
-// Guarded by mu.
+// answer times and, for one answered 429, the Retry-After it carried;
+// and, over all their Lease requests, the answers that ask to retry
+// later. Guarded by mu.
 type renewalLog struct {
 	mu    sync.Mutex
 	sends map[string][]renewalSend // by replica, in the order sent
+	// later counts the answers 429, and 5xx with Retry-After, to Lease
+	// requests: "429|5xx get|list|watch|write" → answers (requestKind).
+	later map[string]int
 }
 
 // renewalSend is one renewal request and its answer.
 type renewalSend struct {
+	session      string // the Lease's holderIdentity it wrote: "" if unread
 	at, answered time.Time
 	status       int           // 0 if the request failed
 	retryAfter   time.Duration // of a 429
@@ -325,12 +336,30 @@ type renewalTransport struct {
 }
 
 func (t renewalTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	session := ""
+	if req.Method == http.MethodPut && strings.HasSuffix(req.URL.Path, memberInfix+t.id) {
+		session, req = sessionOf(req)
+	}
 	sent := time.Now()
 	resp, err := t.rt.RoundTrip(req)
+	if kind := requestKind(req); err == nil && kind != "other" {
+		answer := ""
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests:
+			answer = "429"
+		case resp.StatusCode >= 500 && resp.Header.Get("Retry-After") != "":
+			answer = "5xx"
+		}
+		if answer != "" {
+			t.l.mu.Lock()
+			t.l.later[answer+" "+kind]++
+			t.l.mu.Unlock()
+		}
+	}
 	if req.Method != http.MethodPut || !strings.HasSuffix(req.URL.Path, memberInfix+t.id) {
 		return resp, err
 	}
-	s := renewalSend{at: sent, answered: time.Now()}
+	s := renewalSend{session: session, at: sent, answered: time.Now()}
 	if err == nil {
 		s.status = resp.StatusCode
 		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s.status == http.StatusTooManyRequests {
@@ -341,6 +370,29 @@ func (t renewalTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.l.sends[t.id] = append(t.l.sends[t.id], s)
 	t.l.mu.Unlock()
 	return resp, err
+}
+
+// sessionOf returns the session a member Lease's update writes for (its
+// holderIdentity), read from the request's body (protobuf or JSON), and the request
+// to send in req's place, with a body of its own; "" if the session
+// cannot be read.
+func sessionOf(req *http.Request) (string, *http.Request) {
+	if req.Body == nil {
+		return "", req
+	}
+	b, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	out := req.Clone(req.Context())
+	out.Body = io.NopCloser(bytes.NewReader(b))
+	if err != nil {
+		return "", out
+	}
+	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(b, nil, nil)
+	l, ok := obj.(*coordinationv1.Lease)
+	if err != nil || !ok {
+		return "", out
+	}
+	return holder(l), out
 }
 
 // rejectingLevel routes the Lease requests of the replicas' ServiceAccount
@@ -388,17 +440,24 @@ func rejectingLevel(t *testing.T, c *cluster, f *flood) (remove func()) {
 // 429 with Retry-After, and each replica sends its next renewal no
 // sooner than the Retry-After said (client-go waits it out within the
 // renewal, bounded by the fence), or than its own renewal period: never
-// in a tight loop. Whatever the throttling costs (fence passes, names
-// moving), nothing runs twice at once, and once the flood ends every name
-// runs again.
+// in a tight loop. (A session that ends meanwhile, its fence passed, is
+// followed by a new one, whose first writes come at once: they are not
+// the throttled renewal sent again.) Whatever the throttling costs
+// (fence passes, names moving), nothing runs twice at once, and once the
+// flood ends every name runs again. The stores' metric counts every answer that asked to retry
+// later that the replicas' own transports saw, the renewals' among the
+// renewals.
 func TestReplicasHonourRetryAfter(t *testing.T) {
 	t.Parallel() // servers of its own
 	c := newCluster(t)
 	f := newFlood(t, c, 500, 32)
 	g := newKubeReplicasOn(t, c, 30)
 	g.ttl = 4 * time.Second // a renewal every 0.75 s: many tries at a level the flood keeps busy
-	l := &renewalLog{sends: map[string][]renewalSend{}}
+	l := &renewalLog{sends: map[string][]renewalSend{}, later: map[string]int{}}
 	g.wrap = l.transport
+	reg := prometheus.NewPedanticRegistry()
+	g.metrics = NewMetrics(controller.MetricsOpts{})
+	reg.MustRegister(g.metrics)
 	ids := []string{"a", "b", "c"}
 	for _, id := range ids {
 		g.join(id)
@@ -421,6 +480,10 @@ func TestReplicasHonourRetryAfter(t *testing.T) {
 	t.Logf("the flood: %d lists answered, %d of them 429, by priority level %v", f.lists, f.tooMany, f.levels)
 	f.mu.Unlock()
 	g.waitPlaced("after the flood", g.ttl+30*time.Second, ids...)
+	for _, r := range g.rs {
+		_ = r.Close() // no request from here on: the metric and the transports' counts stand still
+	}
+	checkThrottledMetric(t, reg, l)
 
 	every := (g.ttl - g.ttl/4) / 4 // (D − Margin)/4, Margin its default D/4
 	throttled := 0
@@ -429,11 +492,18 @@ func TestReplicasHonourRetryAfter(t *testing.T) {
 	defer l.mu.Unlock()
 	for id, sends := range l.sends {
 		for i, s := range sends[:len(sends)-1] {
+			if s.session == "" {
+				t.Errorf("replica %s: a renewal's session could not be read from its body", id)
+			}
 			if s.status != http.StatusTooManyRequests {
 				continue
 			}
 			throttled++
 			waits = append(waits, s.retryAfter)
+			if next := sends[i+1].session; next != s.session {
+				t.Logf("replica %s: a renewal of session %s answered 429 was followed by session %s's write", id, s.session, next)
+				continue
+			}
 			gap, want := sends[i+1].at.Sub(s.answered), min(s.retryAfter, every)
 			if gap < want-100*time.Millisecond {
 				t.Errorf("replica %s: a renewal answered 429 with Retry-After %v was followed by another %v later; want no sooner than %v", id, s.retryAfter, gap.Round(time.Millisecond), want)
@@ -443,5 +513,45 @@ func TestReplicasHonourRetryAfter(t *testing.T) {
 	t.Logf("%d renewals answered 429, with Retry-After %v; %d fence passes", throttled, waits, g.fences.Load())
 	if throttled == 0 {
 		t.Errorf("no renewal was answered 429 in 30 s of the flood; the test shows nothing")
+	}
+}
+
+// checkThrottledMetric checks the throttled requests' metric the
+// replicas' stores counted into reg against what their transports, l,
+// saw: as many answers 429, and 5xx with Retry-After, in all; every
+// watch so answered counted as a watch; and at least every renewal
+// answered 429 as a renewal (the session's other requests count there
+// too).
+func checkThrottledMetric(t *testing.T, reg prometheus.Gatherer, l *renewalLog) {
+	t.Helper()
+	got := throttledCounts(t, reg)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	renewals := 0
+	for _, sends := range l.sends {
+		for _, s := range sends {
+			if s.status == http.StatusTooManyRequests {
+				renewals++
+			}
+		}
+	}
+	t.Logf("throttled requests: the metric %v; the transports %v, %d of them renewals", got, l.later, renewals)
+	for _, answer := range []string{"429", "5xx"} {
+		sum, seen := 0, 0
+		for _, request := range []string{"renewal", "write", "read", "watch"} {
+			sum += got[request+" "+answer]
+		}
+		for _, kind := range []string{"get", "list", "watch", "write"} {
+			seen += l.later[answer+" "+kind]
+		}
+		if sum != seen {
+			t.Errorf("the metric counts %d answers %s; the replicas' transports saw %d", sum, answer, seen)
+		}
+		if n, want := got["watch "+answer], l.later[answer+" watch"]; n != want {
+			t.Errorf("the metric counts %d watches answered %s; the transports saw %d", n, answer, want)
+		}
+	}
+	if n := got["renewal 429"]; n < renewals {
+		t.Errorf("the metric counts %d renewals answered 429; the transports saw %d", n, renewals)
 	}
 }

@@ -194,6 +194,9 @@ type kubeReplicas struct {
 	// config, if set, returns replica id's client configuration in place
 	// of replicaConfig's: set before the join.
 	config func(id string) *rest.Config
+	// metrics, if set, is where the replicas' stores count their
+	// throttled requests (StoreOptions.Metrics): set before the join.
+	metrics *Metrics
 
 	// fences counts the FencePassed events of every replica joined, and
 	// fencesOf those of each replica ID (the map written by join alone,
@@ -253,7 +256,7 @@ func (g *kubeReplicas) join(id string) *ha.Replica {
 	}
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
-	r, err := ha.New(Store(cfg, cmp.Or(g.namespace, replicaNamespace), StoreOptions{Buckets: cmp.Or(g.buckets, 16)}), ha.Options{
+	r, err := ha.New(Store(cfg, cmp.Or(g.namespace, replicaNamespace), StoreOptions{Buckets: cmp.Or(g.buckets, 16), Metrics: g.metrics}), ha.Options{
 		Prefix: g.group, ID: id, TTL: cmp.Or(g.ttl, replicaTTL), Settle: 500 * time.Millisecond, Logger: log, Mode: g.mode,
 	})
 	if err != nil {

@@ -42,17 +42,23 @@ type scaleGroup struct {
 	d      time.Duration
 	names  []string
 	rec    *runs
-	writes *writeTally // by replica, Lease kind and answer: the crash's are logged
+	writes *tally // by replica, Lease kind and answer: the crash's are logged
+	verbs  *tally // every request, by replica and verb (verbOf)
 	cuts   map[string]*cut
 	rs     map[string]*ha.Replica // the replicas not crashed
 }
 
-// newScaleGroup makes the replicas of a new group with n names; none
-// has joined yet.
+// newScaleGroup makes the replicas of a new group with n names on the
+// tests' cluster; none has joined yet.
 func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGroup {
-	c := needCluster(t)
+	return newScaleGroupOn(t, needCluster(t), n, qps, d)
+}
+
+// newScaleGroupOn makes the replicas of a new group with n names on
+// cluster c; none has joined yet.
+func newScaleGroupOn(t *testing.T, c *cluster, n int, qps float64, d time.Duration) *scaleGroup {
 	applyManifest(t, c)
-	g := &scaleGroup{t: t, d: d, rec: newRuns(), writes: &writeTally{n: map[string]int{}}, cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
+	g := &scaleGroup{t: t, d: d, rec: newRuns(), writes: newTally(), verbs: newTally(), cuts: map[string]*cut{}, rs: map[string]*ha.Replica{}}
 	group := "s" + strings.ToLower(rand.Text()[:10])
 	g.names = make([]string, n)
 	for i := range g.names {
@@ -73,7 +79,7 @@ func newScaleGroup(t *testing.T, n int, qps float64, d time.Duration) *scaleGrou
 		cfg.QPS, cfg.Burst = float32(qps), int(2*qps)
 		ct := &cut{}
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-			ct.rt = tallied{rt: rt, id: id, w: g.writes}
+			ct.rt = verbCounted{rt: tallied{rt: rt, id: id, w: g.writes}, id: id, w: g.verbs}
 			return ct
 		}
 		log := logrus.New()
@@ -235,20 +241,31 @@ func TestReplicaScaleMeasurement(t *testing.T) {
 	g.crashC().check(t, d, 5*time.Second, 0)
 }
 
-// writeTally counts the writes (requests other than GET) by replica,
-// the kind of Lease written (member or bucket) and the answer's status
-// code, so that a crash that took too many writes says whose they were
-// and how many conflicted.
-type writeTally struct {
+// tally counts requests by a key: tallied's, the writes (requests
+// other than GET) by replica, the kind of Lease written (member or
+// bucket) and the answer's status code, so that a crash that took too
+// many writes says whose they were and how many conflicted;
+// verbCounted's, every request by replica and verb.
+type tally struct {
 	mu sync.Mutex
-	n  map[string]int // guarded by mu: "replica member|bucket METHOD status" → writes
+	n  map[string]int // guarded by mu: key → requests
 }
 
-// tallied is a replica's transport that counts its writes in w.
+func newTally() *tally { return &tally{n: map[string]int{}} }
+
+// add counts one request under key.
+func (w *tally) add(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n[key]++
+}
+
+// tallied is a replica's transport that counts its writes in w, by
+// "replica member|bucket METHOD status".
 type tallied struct {
 	rt http.RoundTripper
 	id string // the replica
-	w  *writeTally
+	w  *tally
 }
 
 // RoundTrip sends req, and counts it if it is a write.
@@ -268,14 +285,44 @@ func (t tallied) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil {
 		status = strconv.Itoa(resp.StatusCode)
 	}
-	t.w.mu.Lock()
-	t.w.n[t.id+" "+kind+" "+req.Method+" "+status]++
-	t.w.mu.Unlock()
+	t.w.add(t.id + " " + kind + " " + req.Method + " " + status)
 	return resp, err
 }
 
+// verbCounted is a replica's transport that counts every request it
+// sends in w, by "replica verb" (verbOf), whatever the answer.
+type verbCounted struct {
+	rt http.RoundTripper
+	id string // the replica
+	w  *tally
+}
+
+func (t verbCounted) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.w.add(t.id + " " + verbOf(req))
+	return t.rt.RoundTrip(req)
+}
+
+// verbOf returns the API verb of req: get, list or watch, create, update
+// or delete for a Lease request, as the API server's audit log names
+// them; other for any other request.
+func verbOf(req *http.Request) string {
+	kind := requestKind(req)
+	if kind != "write" {
+		return kind
+	}
+	switch req.Method {
+	case http.MethodPost:
+		return "create"
+	case http.MethodPut:
+		return "update"
+	case http.MethodDelete:
+		return "delete"
+	}
+	return strings.ToLower(req.Method)
+}
+
 // total returns the writes counted.
-func (w *writeTally) total() int64 { return total(w.snapshot()) }
+func (w *tally) total() int64 { return total(w.snapshot()) }
 
 // total sums the counts of n.
 func total(n map[string]int) int64 {
@@ -287,7 +334,7 @@ func total(n map[string]int) int64 {
 }
 
 // snapshot returns a copy of the counts.
-func (w *writeTally) snapshot() map[string]int {
+func (w *tally) snapshot() map[string]int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return maps.Clone(w.n)
@@ -295,7 +342,7 @@ func (w *writeTally) snapshot() map[string]int {
 
 // since returns the counts that grew since before, sorted, one
 // "key: count" per entry.
-func (w *writeTally) since(before map[string]int) string {
+func (w *tally) since(before map[string]int) string {
 	var out []string
 	for k, v := range w.snapshot() {
 		if d := v - before[k]; d > 0 {

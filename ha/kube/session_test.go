@@ -109,7 +109,7 @@ func groupOn(t *testing.T, c *cluster, g *group, cfg *rest.Config) *group {
 	t.Helper()
 	other := *g
 	var err error
-	other.leases, other.renewals, err = leaseClients(cfg, replicaHTTP(t, c, cfg), replicaNamespace)
+	other.leases, other.renewals, err = leaseClients(cfg, replicaHTTP(t, c, cfg), replicaNamespace, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,11 @@ type StoreOptions struct {
 	// 0. Every replica of a group must use the same: a replica whose
 	// count differs from a live member's is refused when it begins.
 	Buckets int
+
+	// Metrics counts the store's requests the API server answered
+	// "retry later" (see [Metrics]); register it beside ha's. Nil:
+	// [DefaultMetrics].
+	Metrics *Metrics
 }
 
 // Store returns the store of groups of replicas on the Lease objects
@@ -69,7 +75,7 @@ func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: the HTTP client: %w", err)
 	}
-	leases, renewals, err := leaseClients(cfg, hc, s.namespace)
+	leases, renewals, err := leaseClients(cfg, hc, s.namespace, cmp.Or(s.o.Metrics, DefaultMetrics))
 	if err != nil {
 		return nil, err
 	}

@@ -66,6 +66,10 @@ func (p *Process) logTail() string {
 	return tail(b, 2000)
 }
 
+// Pid returns the process's ID, for a caller that reads its usage in
+// /proc.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Stop kills the process and waits for it.
 func (p *Process) Stop() {
 	_ = p.cmd.Process.Kill()
