@@ -28,8 +28,8 @@ import (
 // (or a second after it last did), and sets the Authorization header to
 // what it holds, beneath client-go's own header. Nothing of the token is
 // kept but what the file held last; cfg itself is not changed, and the
-// copy's BearerToken is client-go's alone, sent only while the file
-// cannot be read.
+// copy's BearerToken is client-go's alone, sent only until the file has
+// been read with a token in it.
 func withTokenFile(cfg *rest.Config) *rest.Config {
 	if cfg.BearerTokenFile == "" {
 		return cfg
@@ -56,7 +56,7 @@ type tokenFile struct {
 	mu     sync.Mutex
 	seen   fileStamp // guarded by mu: the file as it was when token was read
 	readAt time.Time // guarded by mu: when token was read
-	token  string    // guarded by mu: "" until read, or when the file held none
+	token  string    // guarded by mu: the last token the file held; "" until it held one
 }
 
 // fileStamp is what tells one version of a file from the next.
@@ -69,24 +69,28 @@ type fileStamp struct {
 // unchanged.
 const rereadEvery = time.Second
 
-// current returns the token the file holds now, and false when it cannot
-// be read or holds none (the request then goes as client-go made it).
+// current returns the token the file holds now; while the file cannot be
+// read or holds none, the last token it held; false when it never held
+// one (the request then goes as client-go made it).
+//
+// A file briefly missing, or empty (rewritten in place: truncated, then
+// written), keeps the last token read: client-go's own may be up to a
+// minute older, and revoked when the file was rewritten.
 func (f *tokenFile) current() (string, bool) {
-	fi, err := os.Stat(f.path)
-	if err != nil {
-		return "", false
-	}
-	st := fileStamp{size: fi.Size(), mod: fi.ModTime()}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	fi, err := os.Stat(f.path)
+	if err != nil {
+		return f.token, f.token != ""
+	}
+	st := fileStamp{size: fi.Size(), mod: fi.ModTime()}
 	if st == f.seen && f.token != "" && time.Since(f.readAt) < rereadEvery {
 		return f.token, true
 	}
 	b, err := os.ReadFile(f.path)
-	if err != nil {
-		return "", false
+	if token := strings.TrimSpace(string(b)); err == nil && token != "" {
+		f.seen, f.readAt, f.token = st, time.Now(), token
 	}
-	f.seen, f.readAt, f.token = st, time.Now(), strings.TrimSpace(string(b))
 	return f.token, f.token != ""
 }
 

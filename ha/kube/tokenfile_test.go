@@ -1,0 +1,119 @@
+// The token file reread before each request, tested against an HTTP
+// server that records the Authorization header each request carries: no
+// kube-apiserver is needed to see which token goes out.
+
+package kube
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"k8s.io/client-go/rest"
+)
+
+// authRecorder is a server that answers every request 200 and records
+// the Authorization header of each.
+type authRecorder struct {
+	srv *httptest.Server
+
+	mu   sync.Mutex
+	seen []string // guarded by mu
+}
+
+func newAuthRecorder(t *testing.T) *authRecorder {
+	a := &authRecorder{}
+	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.seen = append(a.seen, r.Header.Get("Authorization"))
+		a.mu.Unlock()
+	}))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+// get sends one request through c and returns the Authorization header
+// the server saw.
+func (a *authRecorder) get(t *testing.T, c *http.Client) string {
+	t.Helper()
+	resp, err := c.Get(a.srv.URL + "/api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.seen[len(a.seen)-1]
+}
+
+// tokenFileClient returns a client made as the store makes its own from
+// a config naming the token file path.
+func tokenFileClient(t *testing.T, a *authRecorder, cfg *rest.Config) *http.Client {
+	t.Helper()
+	cfg.Host = a.srv.URL
+	c, err := rest.HTTPClientFor(withTokenFile(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// writeAtomically replaces path's content by renaming a new file over
+// it, as the kubelet's atomic writer swaps a directory.
+func writeAtomically(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A token file that is briefly missing, or empty (rewritten in place:
+// truncated, then written), must not send the token client-go read up
+// to a minute before, which may have been revoked when it was replaced:
+// the last token the file held goes on being sent.
+func TestTokenFileUnreadableKeepsTheLastTokenRead(t *testing.T) {
+	for _, gap := range []struct {
+		name string
+		make func(t *testing.T, path string)
+	}{
+		{"missing", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"empty", func(t *testing.T, path string) {
+			if err := os.Truncate(path, 0); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(gap.name, func(t *testing.T) {
+			a := newAuthRecorder(t)
+			path := filepath.Join(t.TempDir(), "token")
+			writeAtomically(t, path, "old\n")
+			c := tokenFileClient(t, a, &rest.Config{BearerTokenFile: path})
+			if got := a.get(t, c); got != "Bearer old" {
+				t.Fatalf("first request carried %q, want the file's token", got)
+			}
+			writeAtomically(t, path, "newer token\n") // old is revoked now
+			if got := a.get(t, c); got != "Bearer newer token" {
+				t.Fatalf("after a rewrite the request carried %q, want the new token", got)
+			}
+			gap.make(t, path)
+			if got := a.get(t, c); got != "Bearer newer token" {
+				t.Errorf("with the file %s the request carried %q, want the last token read, %q", gap.name, got, "Bearer newer token")
+			}
+			writeAtomically(t, path, "newest")
+			if got := a.get(t, c); got != "Bearer newest" {
+				t.Errorf("once the file is back the request carried %q, want %q", got, "Bearer newest")
+			}
+		})
+	}
+}
