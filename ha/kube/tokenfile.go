@@ -46,8 +46,8 @@ func withTokenFile(cfg *rest.Config) *rest.Config {
 	return own
 }
 
-// tokenFile is the token a file holds, read again whenever the file's
-// size or modification time changes (the kubelet swaps a symlink to a
+// tokenFile is the token a file holds, read again whenever the file is
+// another (renamed over it) or its size or modification time changes (the kubelet swaps a symlink to a
 // new directory; an editor may rewrite it in place), and at least once a
 // second, in case a rewrite kept both.
 type tokenFile struct {
@@ -61,8 +61,17 @@ type tokenFile struct {
 
 // fileStamp is what tells one version of a file from the next.
 type fileStamp struct {
+	info os.FileInfo // nil until read
 	size int64
 	mod  time.Time
+}
+
+// same reports whether st and o are one version of one file: a file
+// renamed over it (the kubelet's swap) is another file even with the
+// same size and modification time, which a token of the same length,
+// written within one tick of a coarse file system clock, has.
+func (st fileStamp) same(o fileStamp) bool {
+	return st.info != nil && o.info != nil && os.SameFile(st.info, o.info) && st.size == o.size && st.mod.Equal(o.mod)
 }
 
 // rereadEvery bounds how long tokenFile keeps a token whose file seems
@@ -83,8 +92,8 @@ func (f *tokenFile) current() (string, bool) {
 	if err != nil {
 		return f.token, f.token != ""
 	}
-	st := fileStamp{size: fi.Size(), mod: fi.ModTime()}
-	if st == f.seen && f.token != "" && time.Since(f.readAt) < rereadEvery {
+	st := fileStamp{info: fi, size: fi.Size(), mod: fi.ModTime()}
+	if st.same(f.seen) && f.token != "" && time.Since(f.readAt) < rereadEvery {
 		return f.token, true
 	}
 	b, err := os.ReadFile(f.path)

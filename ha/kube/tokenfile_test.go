@@ -117,3 +117,29 @@ func TestTokenFileUnreadableKeepsTheLastTokenRead(t *testing.T) {
 		})
 	}
 }
+
+// A token renamed over the file with the same size and the same
+// modification time as the one it replaces (ServiceAccount tokens of one
+// account are often of one length, and a file system's clock may tick
+// coarsely) is another file: it is read at the next request, not up to
+// a second later.
+func TestTokenFileRenamedOverWithTheSameSizeAndTime(t *testing.T) {
+	a := newAuthRecorder(t)
+	path := filepath.Join(t.TempDir(), "token")
+	writeAtomically(t, path, "token-1")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tokenFileClient(t, a, &rest.Config{BearerTokenFile: path})
+	if got := a.get(t, c); got != "Bearer token-1" {
+		t.Fatalf("first request carried %q, want the file's token", got)
+	}
+	writeAtomically(t, path, "token-2")
+	if err := os.Chtimes(path, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.get(t, c); got != "Bearer token-2" {
+		t.Errorf("after the rename the request carried %q, want %q", got, "Bearer token-2")
+	}
+}
