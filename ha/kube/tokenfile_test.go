@@ -5,6 +5,7 @@
 package kube
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -143,3 +144,38 @@ func TestTokenFileRenamedOverWithTheSameSizeAndTime(t *testing.T) {
 		t.Errorf("after the rename the request carried %q, want %q", got, "Bearer token-2")
 	}
 }
+
+// A config with both a token and a token file, and a WrapTransport of
+// its own: the file's token goes out, the config's wrapper sees that
+// token (it runs beneath the store's), and the config itself is left as
+// it was.
+func TestTokenFileWithBearerTokenAndWrapTransport(t *testing.T) {
+	a := newAuthRecorder(t)
+	path := filepath.Join(t.TempDir(), "token")
+	writeAtomically(t, path, "from-file")
+	var wrapped []string // written by the requests, sent one at a time
+	cfg := &rest.Config{BearerToken: "from-config", BearerTokenFile: path}
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			wrapped = append(wrapped, r.Header.Get("Authorization"))
+			return rt.RoundTrip(r)
+		})
+	}
+	wrap := cfg.WrapTransport
+	c := tokenFileClient(t, a, cfg)
+	writeAtomically(t, path, "rotated")
+	if got := a.get(t, c); got != "Bearer rotated" {
+		t.Errorf("the request carried %q, want the file's token", got)
+	}
+	if len(wrapped) != 1 || wrapped[0] != "Bearer rotated" {
+		t.Errorf("the config's WrapTransport saw %q, want the file's token once", wrapped)
+	}
+	if cfg.BearerToken != "from-config" || cfg.BearerTokenFile != path || fmt.Sprint(cfg.WrapTransport) != fmt.Sprint(wrap) {
+		t.Errorf("the config was changed: %+v", cfg)
+	}
+}
+
+// roundTripFunc is an http.RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
