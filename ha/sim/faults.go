@@ -48,22 +48,35 @@ type fault struct {
 // [Store.LoseAnswer] lost: the store carried it out.
 var ErrAnswerLost = errors.New("sim: the answer was lost")
 
+// ErrUnknownReplica is wrapped by the error of [Store.Crash] given no
+// replica, or one the store made no backend for.
+var ErrUnknownReplica = errors.New("sim: no replica of this store")
+
 // Crash has replica r crash: from now on nothing any backend of r's ID
 // made so far sends reaches the store, its feed delivers nothing, and r
 // is closed ([ha.Replica.Close]), which stops its controllers at once.
 // The store ends r's session when its TTL runs out, unrenewed; its
 // holdings go with it, and the other replicas take its names over. A
 // replica made later under r's ID is not crashed: it is r restarted.
-// Crash returns Close's error.
+// Crash returns Close's error; an error wrapping [ErrUnknownReplica],
+// and r left alone, when r is nil or the store made no backend of r's
+// ID (a replica of another store: crashing it here would cut nothing off).
 //
 // Close runs the StopFuncs of r's names while r's fence is open, which a
 // real crash would not.
 func (s *Store) Crash(r *ha.Replica) error {
+	if r == nil {
+		return fmt.Errorf("%w: Crash(nil)", ErrUnknownReplica)
+	}
+	known := false
 	s.changeLinks(func() {
 		for _, b := range s.backends[r.ID()] {
-			b.crashed = true
+			b.crashed, known = true, true
 		}
 	})
+	if !known {
+		return fmt.Errorf("%w: Crash(%q): no replica of that ID was made on this store", ErrUnknownReplica, r.ID())
+	}
 	return r.Close()
 }
 

@@ -1,0 +1,109 @@
+// Review: what a user's test relies on of the Store that no other test
+// showed: bad input to Crash answered with an error, sessions that
+// expire at one instant ended in one order on every run, and Compact's
+// honesty to feeds and HeldAt.
+
+package sim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"testing/synctest"
+
+	"github.com/bgctl/controller/ha"
+	"github.com/bgctl/controller/ha/sim"
+)
+
+// Crash of no replica, or of one made on another store, is a mistake in
+// the test: it must say so, not panic nor close a replica the store
+// never cut off.
+func TestReviewCrashRefusesNilAndAnotherStoresReplica(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st, other sim.Store
+		err := func() (err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("panicked: %v", p)
+				}
+			}()
+			return st.Crash(nil)
+		}()
+		if err == nil || !errors.Is(err, sim.ErrUnknownReplica) {
+			t.Errorf("Crash(nil) = %v, want an error wrapping ErrUnknownReplica", err)
+		}
+		var rec sim.Recorder
+		r := join(t, &other, &rec, "r0")
+		if err := st.Crash(r); !errors.Is(err, sim.ErrUnknownReplica) {
+			t.Errorf("Crash of another store's replica = %v, want an error wrapping ErrUnknownReplica", err)
+		}
+		if _, ok := other.Expires("r0"); !ok {
+			t.Error("the other store's replica lost its session")
+		}
+	})
+}
+
+// Compact: a feed behind the compacted position fails once with
+// ErrCompacted and delivers nothing after; a feed caught up goes on;
+// HeldAt before the position fails, at or after it answers.
+func TestReviewCompactIsHonest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		b := backend(t, &st, "r0")
+		s := begin(t, b)
+		ctx := context.Background()
+		got, _, err := b.Claim(ctx, s.ID, []string{"a"})
+		if err != nil || len(got) != 1 || !got[0].Mine {
+			t.Fatalf("Claim: %v, %v", got, err)
+		}
+		claimedAt := got[0].Revision
+		caught := watch(t, b, claimedAt)
+		behind := watch(t, b, s.JoinedAt-1)
+		if c := changes(behind); c.At != s.JoinedAt {
+			t.Fatalf("the feed behind delivered %+v first, want the Begin at %d", c, s.JoinedAt)
+		}
+		synctest.Wait() // the feed behind now holds the Claim's batch, the one caught up progress
+		if err := b.Release(ctx, ha.Claim{Name: "a", Revision: claimedAt}); err != nil {
+			t.Fatal(err)
+		}
+		_, at, err := b.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := changes(caught); c.At != at || c.Err != nil {
+			t.Fatalf("the feed caught up delivered %+v, want the release at %d", c, at)
+		}
+		st.Compact()
+		if _, err := b.PutMember(ctx, s.ID, "d2", false); err != nil {
+			t.Fatal(err)
+		}
+		if c := changes(caught); c.At != at+1 || c.Err != nil {
+			t.Errorf("the feed caught up delivered %+v after the compaction, want the member's write at %d", c, at+1)
+		}
+		for {
+			c := <-behind.Batches()
+			if c.Err != nil {
+				if !errors.Is(c.Err, sim.ErrCompacted) {
+					t.Errorf("the feed behind failed with %v, want ErrCompacted", c.Err)
+				}
+				break
+			}
+			if c.At > claimedAt {
+				t.Fatalf("the feed behind delivered %+v past the compaction's position, as if nothing was forgotten", c)
+			}
+		}
+		synctest.Wait()
+		select {
+		case c := <-behind.Batches():
+			t.Errorf("the failed feed delivered %+v after its error", c)
+		default:
+		}
+		if _, err := b.(ha.HistoryReader).HeldAt(ctx, claimedAt); !errors.Is(err, sim.ErrCompacted) {
+			t.Errorf("HeldAt before the compaction = %v, want ErrCompacted", err)
+		}
+		if names, err := b.(ha.HistoryReader).HeldAt(ctx, at); err != nil || len(names) != 0 {
+			t.Errorf("HeldAt the compaction = %v, %v, want nothing held", names, err)
+		}
+	})
+}
