@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/bgctl/controller/ha"
 	"github.com/bgctl/controller/ha/sim"
@@ -42,6 +43,26 @@ func TestReviewCrashRefusesNilAndAnotherStoresReplica(t *testing.T) {
 			t.Error("the other store's replica lost its session")
 		}
 	})
+}
+
+// Sessions whose validity runs out at one instant end in the order of
+// their IDs, at successive positions, on every run: a test that reads
+// Ended, or the feed, sees the same thing each time.
+func TestReviewSessionsExpiringTogetherEndInOneOrder(t *testing.T) {
+	for range 20 {
+		synctest.Test(t, func(t *testing.T) {
+			var st sim.Store
+			base := time.Now()
+			var want []string
+			for i := range 6 {
+				id := fmt.Sprintf("r%d", i)
+				s := begin(t, backend(t, &st, id))
+				want = append(want, fmt.Sprintf("%s %d expired at %v", id, s.ID, ttl))
+			}
+			time.Sleep(ttl)
+			ended(t, &st, base, want...)
+		})
+	}
 }
 
 // Compact: a feed behind the compacted position fails once with

@@ -6,6 +6,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -249,12 +250,19 @@ func (s *Store) Requests(op Op) int {
 }
 
 // expireLocked ends every session whose validity has run out at now, as
-// a server whose TTL ran out does.
+// a server whose TTL ran out does: in the order of their IDs, not the
+// map's, so that sessions that expire at one instant end at the same
+// positions, in the same order, on every run of a test.
 func (s *Store) expireLocked(now time.Time) {
+	var expired []ha.SessionID
 	for id, l := range s.sessions {
 		if !now.Before(l.expires()) {
-			s.endLocked(id, now, Expired)
+			expired = append(expired, id)
 		}
+	}
+	slices.Sort(expired)
+	for _, id := range expired {
+		s.endLocked(id, now, Expired)
 	}
 }
 
