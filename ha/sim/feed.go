@@ -65,9 +65,15 @@ func (b *Backend) deliver(f *feed, from int64) {
 		s.mu.Unlock()
 
 		if ready {
+			// A batch waits for its replica to receive it only until
+			// the store changes: a Pause, Partition or Crash meanwhile
+			// must hold or drop it as it does the batches after it (the
+			// link is checked again); a batch made again is the same.
 			select {
 			case f.out <- batch:
 				delivered = time.Now()
+			case <-wake:
+				continue
 			case <-f.quit:
 				return
 			}

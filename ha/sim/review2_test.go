@@ -128,3 +128,42 @@ func TestReviewCompactIsHonest(t *testing.T) {
 		}
 	})
 }
+
+// A batch the feed had made ready before a Pause or a Partition, its
+// replica not yet receiving, is held (Pause) or dropped (Partition) like
+// every other: a paused or cut-off replica's feed delivers nothing, as
+// documented, whether or not its replica was busy when the fault came.
+func TestReviewFaultHoldsTheFeedsBatchOnItsWay(t *testing.T) {
+	for _, fault := range []struct {
+		name        string
+		start, stop func(st *sim.Store, id string)
+	}{
+		{"Pause", (*sim.Store).Pause, (*sim.Store).Resume},
+		{"Partition", (*sim.Store).Partition, (*sim.Store).Heal},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var st sim.Store
+				b0, b1 := backend(t, &st, "r0"), backend(t, &st, "r1")
+				begin(t, b0)
+				f := watch(t, b0, 0)
+				if c := changes(f); len(c.Changes) != 1 {
+					t.Fatalf("first batch %+v, want r0's Begin", c)
+				}
+				s1 := begin(t, b1)
+				synctest.Wait() // r0's feed has r1's Begin ready, and r0 is not receiving
+				fault.start(&st, "r0")
+				synctest.Wait()
+				select {
+				case c := <-f.Batches():
+					t.Errorf("%s: the feed delivered %+v", fault.name, c)
+				default:
+				}
+				fault.stop(&st, "r0")
+				if c := changes(f); c.At != s1.JoinedAt {
+					t.Errorf("after the fault ended the feed delivered %+v, want r1's Begin at %d", c, s1.JoinedAt)
+				}
+			})
+		})
+	}
+}
