@@ -167,3 +167,20 @@ func TestReviewFaultHoldsTheFeedsBatchOnItsWay(t *testing.T) {
 		})
 	}
 }
+
+// A session ends at the moment its validity runs out on the bubble's
+// clock even while every feed waits for its replica to receive a batch
+// (the replica busy, its feed's receiver waiting on something else):
+// the others see it end then, not when a feed next moves.
+func TestReviewSessionEndsOnTimeWhileTheFeedWaitsToDeliver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		base := time.Now()
+		b0, b1 := backend(t, &st, "r0"), backend(t, &st, "r1")
+		s0 := begin(t, b0)
+		watch(t, b0, 0) // never received from: its first batch waits
+		s1 := begin(t, b1)
+		time.Sleep(3 * ttl)
+		ended(t, &st, base, fmt.Sprintf("r0 %d expired at %v", s0.ID, ttl), fmt.Sprintf("r1 %d expired at %v", s1.ID, ttl))
+	})
+}
