@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -183,4 +184,26 @@ func TestReviewSessionEndsOnTimeWhileTheFeedWaitsToDeliver(t *testing.T) {
 		time.Sleep(3 * ttl)
 		ended(t, &st, base, fmt.Sprintf("r0 %d expired at %v", s0.ID, ttl), fmt.Sprintf("r1 %d expired at %v", s1.ID, ttl))
 	})
+}
+
+// A fault meant for a request no backend sends (an Op misspelt), or a
+// delay of nothing, would meet nothing and let the test pass without
+// it: it is refused, naming the culprit, and not injected.
+func TestReviewFaultOfNoRequestIsRefused(t *testing.T) {
+	var st sim.Store
+	if err := st.LoseAnswer("r0", "renew"); err == nil || !strings.Contains(err.Error(), `"renew"`) {
+		t.Errorf("LoseAnswer of Op %q = %v, want an error naming it", "renew", err)
+	}
+	if err := st.DelayAnswer("r0", "Claims", time.Second); err == nil || !strings.Contains(err.Error(), `"Claims"`) {
+		t.Errorf("DelayAnswer of Op %q = %v, want an error naming it", "Claims", err)
+	}
+	if err := st.DelayAnswer("r0", sim.OpClaim, 0); err == nil || !strings.Contains(err.Error(), "0s") {
+		t.Errorf("DelayAnswer of 0s = %v, want an error naming the delay", err)
+	}
+	if err := st.LoseAnswer("", ""); err != nil {
+		t.Errorf("LoseAnswer of any request = %v", err)
+	}
+	if err := st.DelayAnswer("r0", sim.OpRenew, time.Second); err != nil {
+		t.Errorf("DelayAnswer(r0, Renew, 1s) = %v", err)
+	}
 }
