@@ -21,8 +21,9 @@ import (
 type authRecorder struct {
 	srv *httptest.Server
 
-	mu   sync.Mutex
-	seen []string // guarded by mu
+	mu    sync.Mutex
+	seen  []string // guarded by mu: each request's Authorization header, in the order they came
+	paths []string // guarded by mu: each request's path, in the same order
 }
 
 func newAuthRecorder(t *testing.T) *authRecorder {
@@ -30,6 +31,7 @@ func newAuthRecorder(t *testing.T) *authRecorder {
 	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a.mu.Lock()
 		a.seen = append(a.seen, r.Header.Get("Authorization"))
+		a.paths = append(a.paths, r.URL.Path)
 		a.mu.Unlock()
 	}))
 	t.Cleanup(a.srv.Close)
@@ -179,3 +181,59 @@ func TestTokenFileWithBearerTokenAndWrapTransport(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Requests sent while the file is rewritten again and again (atomically,
+// as the kubelet does) each carry a whole token the file held, never an
+// empty or a partial one, and a client's requests one after the other
+// never go back to an older token.
+func TestTokenFileConcurrentRequestsDuringRewrites(t *testing.T) {
+	a := newAuthRecorder(t)
+	path := filepath.Join(t.TempDir(), "token")
+	const rewrites = 200
+	writeAtomically(t, path, "token-0")
+	c := tokenFileClient(t, a, &rest.Config{BearerTokenFile: path})
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				resp, err := c.Get(fmt.Sprintf("%s/api/%d", a.srv.URL, g))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+	for i := 1; i <= rewrites; i++ {
+		writeAtomically(t, path, fmt.Sprintf("token-%d", i))
+	}
+	close(done)
+	wg.Wait()
+	a.mu.Lock()
+	last := map[string]int{} // by client, the token its last request carried
+	for i, got := range a.seen {
+		var n int
+		if _, err := fmt.Sscanf(got, "Bearer token-%d", &n); err != nil || got != fmt.Sprintf("Bearer token-%d", n) {
+			t.Errorf("a request carried %q, not a token the file held", got)
+			continue
+		}
+		if n < last[a.paths[i]] {
+			t.Errorf("a request of %s carried token %d after one carried %d", a.paths[i], n, last[a.paths[i]])
+		}
+		last[a.paths[i]] = n
+	}
+	if len(a.seen) < rewrites {
+		t.Logf("only %d requests during %d rewrites", len(a.seen), rewrites)
+	}
+	a.mu.Unlock()
+	if got := a.get(t, c); got != fmt.Sprintf("Bearer token-%d", rewrites) {
+		t.Errorf("after the last rewrite a request carried %q", got)
+	}
+}
