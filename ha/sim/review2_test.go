@@ -207,3 +207,23 @@ func TestReviewFaultOfNoRequestIsRefused(t *testing.T) {
 		t.Errorf("DelayAnswer(r0, Renew, 1s) = %v", err)
 	}
 }
+
+// With no feed running, a session whose validity ran out is ended by
+// the next look at the store; it ended, and is reported as ended, at
+// the moment its validity ran out, and sessions that ran out one after
+// the other end in that order, whatever their IDs.
+func TestReviewSessionEndedLazilyEndsAtItsExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		base := time.Now()
+		b0, b1 := backend(t, &st, "r0"), backend(t, &st, "r1")
+		s0 := begin(t, b0)
+		s1 := begin(t, b1)
+		time.Sleep(ttl / 2)
+		if _, err := b0.Renew(context.Background(), s0.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * ttl)
+		ended(t, &st, base, fmt.Sprintf("r1 %d expired at %v", s1.ID, ttl), fmt.Sprintf("r0 %d expired at %v", s0.ID, ttl+ttl/2))
+	})
+}

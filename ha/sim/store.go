@@ -250,9 +250,12 @@ func (s *Store) Requests(op Op) int {
 }
 
 // expireLocked ends every session whose validity has run out at now, as
-// a server whose TTL ran out does: in the order of their IDs, not the
-// map's, so that sessions that expire at one instant end at the same
-// positions, in the same order, on every run of a test.
+// a server whose TTL ran out does. Each ends as of the moment its
+// validity ran out, which is when it ended (nothing read or wrote the
+// store since, or the session would have ended then), even when no feed
+// ran to end it on time; in the order they ran out, and those that ran
+// out at one instant in the order of their IDs, not the map's, so that
+// a test sees the same positions on every run.
 func (s *Store) expireLocked(now time.Time) {
 	var expired []ha.SessionID
 	for id, l := range s.sessions {
@@ -260,9 +263,11 @@ func (s *Store) expireLocked(now time.Time) {
 			expired = append(expired, id)
 		}
 	}
-	slices.Sort(expired)
+	slices.SortFunc(expired, func(a, b ha.SessionID) int {
+		return cmp.Or(s.sessions[a].expires().Compare(s.sessions[b].expires()), cmp.Compare(a, b))
+	})
 	for _, id := range expired {
-		s.endLocked(id, now, Expired)
+		s.endLocked(id, s.sessions[id].expires(), Expired)
 	}
 }
 
