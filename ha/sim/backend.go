@@ -341,8 +341,10 @@ func (b *Backend) List(ctx context.Context) (records []ha.Change, at int64, err 
 }
 
 // HeldAt answers the names held at position at, from the live holdings
-// and every ended one: the store forgets no history. Its request is
-// bounded by the replica's RequestTimeout, and by ctx.
+// and every ended one: the store forgets no history but what
+// [Store.Compact] had it forget, and a position before the last Compact
+// fails with an error wrapping [ErrCompacted]. Its request is bounded by
+// the replica's RequestTimeout, and by ctx.
 func (b *Backend) HeldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
 	ctx, cancel := b.Request(ctx)
 	defer cancel()
@@ -369,8 +371,10 @@ func (b *Backend) HeldAt(ctx context.Context, at int64) (names map[string]bool, 
 // Watch starts the feed of the store's changes after position from, in
 // the order of their positions, a batch per position, each session's end
 // in one batch; between changes it delivers a batch of progress alone at
-// least every RenewEvery of the replica's config. Its goroutine is
-// counted in wg, and ends when the feed's Stop returns.
+// least every RenewEvery of the replica's config. A feed that has not
+// delivered up to the position of a [Store.Compact] fails, its one
+// batch's error wrapping [ErrCompacted]. Its goroutine is counted in wg,
+// and ends when the feed's Stop returns.
 func (b *Backend) Watch(from int64, wg *sync.WaitGroup) ha.Feed {
 	f := &feed{out: make(chan ha.FeedBatch), quit: make(chan struct{}), done: make(chan struct{})}
 	wg.Add(1)
