@@ -7,6 +7,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -291,7 +293,7 @@ func (b *Backend) Publish(ctx context.Context, id ha.SessionID, digest, old stri
 			s.chunks[k] = chunk{session: id, data: data, modified: s.rev}
 			changed = append(changed, ha.Change{Kind: ha.ChunkPut, Chunk: k.chunk(data)})
 		}
-		for k := range s.chunks {
+		for _, k := range s.chunkKeysLocked() {
 			if k.member == b.cfg.ID && (digest == "" || (old != digest && k.digest == old)) {
 				delete(s.chunks, k)
 				changed = append(changed, ha.Change{Kind: ha.ChunkGone, Chunk: k.chunk(nil)})
@@ -307,9 +309,9 @@ func (b *Backend) Publish(ctx context.Context, id ha.SessionID, digest, old stri
 func (b *Backend) Fetch(ctx context.Context, member, digest string) (chunks []ha.Chunk, at int64, err error) {
 	err = b.call(ctx, OpFetch, func(time.Time) error {
 		chunks, at = nil, b.st.rev
-		for k, c := range b.st.chunks {
+		for _, k := range b.st.chunkKeysLocked() {
 			if k.member == member && k.digest == digest {
-				chunks = append(chunks, k.chunk(c.data))
+				chunks = append(chunks, k.chunk(b.st.chunks[k].data))
 			}
 		}
 		return nil
@@ -326,13 +328,16 @@ func (b *Backend) List(ctx context.Context) (records []ha.Change, at int64, err 
 	err = b.call(ctx, OpList, func(time.Time) error {
 		s := b.st
 		records, at = nil, s.rev
-		for id, m := range s.members {
-			records = append(records, m.put(id))
+		// In one order, not the maps': the same on every run.
+		for _, id := range slices.Sorted(maps.Keys(s.members)) {
+			records = append(records, s.members[id].put(id))
 		}
-		for name, h := range s.claims {
+		for _, name := range slices.Sorted(maps.Keys(s.claims)) {
+			h := s.claims[name]
 			records = append(records, ha.Change{Kind: ha.ClaimPut, At: h.created, Member: h.holder, Name: name, Session: h.session, Created: h.created})
 		}
-		for k, c := range s.chunks {
+		for _, k := range s.chunkKeysLocked() {
+			c := s.chunks[k]
 			records = append(records, ha.Change{Kind: ha.ChunkPut, At: c.modified, Chunk: k.chunk(c.data)})
 		}
 		return nil

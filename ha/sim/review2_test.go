@@ -227,3 +227,66 @@ func TestReviewSessionEndedLazilyEndsAtItsExpiry(t *testing.T) {
 		ended(t, &st, base, fmt.Sprintf("r1 %d expired at %v", s1.ID, ttl), fmt.Sprintf("r0 %d expired at %v", s0.ID, ttl+ttl/2))
 	})
 }
+
+// What the store answers and delivers comes in one order on every run,
+// not the maps': a session's end deletes its holdings in the order of
+// their names, and a listing and a fetch answer records sorted, so that
+// a test that replays a run sees the same batches.
+func TestReviewBatchesAndListingsInOneOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		b := backend(t, &st, "r0")
+		s := begin(t, b)
+		ctx := context.Background()
+		var names []string
+		for i := range 20 {
+			names = append(names, fmt.Sprintf("n%02d", i))
+		}
+		if _, _, err := b.Claim(ctx, s.ID, names); err != nil {
+			t.Fatal(err)
+		}
+		chunks := [][]byte{[]byte("a"), []byte("b"), []byte("c"), []byte("d"), []byte("e")}
+		if err := b.Publish(ctx, s.ID, "d1", "", chunks); err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := b.Fetch(ctx, "r0", "d1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range got {
+			if c.Index != i {
+				t.Fatalf("Fetch answered chunk %d at %d: %+v", c.Index, i, got)
+			}
+		}
+		records, _, err := b.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var listed []string
+		for _, r := range records {
+			if r.Kind == ha.ClaimPut {
+				listed = append(listed, r.Name)
+			}
+		}
+		if fmt.Sprint(listed) != fmt.Sprint(names) {
+			t.Errorf("List answered the holdings %v, want them by name", listed)
+		}
+		_, at, err := b.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := watch(t, b, at)
+		if err := b.End(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		var gone []string
+		for _, c := range changes(f).Changes {
+			if c.Kind == ha.ClaimGone {
+				gone = append(gone, c.Name)
+			}
+		}
+		if fmt.Sprint(gone) != fmt.Sprint(names) {
+			t.Errorf("the session's end deleted the holdings in the order %v, want them by name", gone)
+		}
+	})
+}

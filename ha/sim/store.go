@@ -6,6 +6,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -294,14 +295,14 @@ func (s *Store) endLocked(id ha.SessionID, now time.Time, why EndReason) {
 		delete(s.members, l.member)
 		gone = append(gone, ha.Change{Kind: ha.MemberGone, Member: l.member})
 	}
-	for name, h := range s.claims {
-		if h.session == id {
+	for _, name := range slices.Sorted(maps.Keys(s.claims)) {
+		if h := s.claims[name]; h.session == id {
 			s.dropHoldingLocked(name, h)
 			gone = append(gone, ha.Change{Kind: ha.ClaimGone, Name: name})
 		}
 	}
-	for k, c := range s.chunks {
-		if c.session == id {
+	for _, k := range s.chunkKeysLocked() {
+		if s.chunks[k].session == id {
 			delete(s.chunks, k)
 			gone = append(gone, ha.Change{Kind: ha.ChunkGone, Chunk: k.chunk(nil)})
 		}
@@ -345,4 +346,13 @@ func (m member) put(id string) ha.Change {
 // chunk is the chunk k names, holding data.
 func (k chunkKey) chunk(data []byte) ha.Chunk {
 	return ha.Chunk{Member: k.member, Digest: k.digest, Index: k.i, Count: k.n, Data: data}
+}
+
+// chunkKeysLocked returns the keys of the published chunks in one order
+// (by member, digest, count and index), not the map's: what the store
+// answers and delivers comes in the same order on every run of a test.
+func (s *Store) chunkKeysLocked() []chunkKey {
+	return slices.SortedFunc(maps.Keys(s.chunks), func(a, b chunkKey) int {
+		return cmp.Or(cmp.Compare(a.member, b.member), cmp.Compare(a.digest, b.digest), cmp.Compare(a.n, b.n), cmp.Compare(a.i, b.i))
+	})
 }
