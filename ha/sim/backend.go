@@ -288,6 +288,9 @@ func (b *Backend) Publish(ctx context.Context, id ha.SessionID, digest, old stri
 		}
 		s.rev++
 		var changed []ha.Change
+		if digest == "" {
+			chunks = nil // publishes nothing, as documented: were they written, they would only go again, in the same batch
+		}
 		for i, data := range chunks {
 			k := chunkKey{b.cfg.ID, digest, i, len(chunks)}
 			s.chunks[k] = chunk{session: id, data: data, modified: s.rev}

@@ -290,3 +290,29 @@ func TestReviewBatchesAndListingsInOneOrder(t *testing.T) {
 		}
 	})
 }
+
+// Publish with a digest of "" publishes nothing, as documented, even
+// when given chunks: it only withdraws the replica's sets.
+func TestReviewPublishOfNoDigestPublishesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		b := backend(t, &st, "r0")
+		s := begin(t, b)
+		ctx := context.Background()
+		if err := b.Publish(ctx, s.ID, "d1", "", [][]byte{[]byte("a")}); err != nil {
+			t.Fatal(err)
+		}
+		_, at, err := b.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := watch(t, b, at)
+		if err := b.Publish(ctx, s.ID, "", "d1", [][]byte{[]byte("b")}); err != nil {
+			t.Fatal(err)
+		}
+		c := changes(f)
+		if len(c.Changes) != 1 || c.Changes[0].Kind != ha.ChunkGone || c.Changes[0].Chunk.Digest != "d1" {
+			t.Errorf("Publish of digest \"\" delivered %+v, want d1's chunk gone alone", c.Changes)
+		}
+	})
+}
