@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -313,6 +314,89 @@ func TestReviewPublishOfNoDigestPublishesNothing(t *testing.T) {
 		c := changes(f)
 		if len(c.Changes) != 1 || c.Changes[0].Kind != ha.ChunkGone || c.Changes[0].Chunk.Digest != "d1" {
 			t.Errorf("Publish of digest \"\" delivered %+v, want d1's chunk gone alone", c.Changes)
+		}
+	})
+}
+
+// A feed delivers every change, in the order of the positions, while
+// replicas write at once: the holdings it shows at the end are the
+// store's, and its positions never go back.
+func TestReviewFeedUnderConcurrentWritesMissesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var st sim.Store
+		ctx := context.Background()
+		watcher := backend(t, &st, "w")
+		f := watch(t, watcher, 0)
+		var wg sync.WaitGroup
+		for i := range 4 {
+			b := backend(t, &st, fmt.Sprintf("r%d", i))
+			s := begin(t, b)
+			wg.Go(func() {
+				for j := range 50 {
+					name := fmt.Sprintf("n%d", (i+j)%5)
+					got, _, err := b.Claim(ctx, s.ID, []string{name})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if len(got) == 1 && got[0].Mine && j%3 != 0 {
+						if err := b.Release(ctx, ha.Claim{Name: name, Revision: got[0].Revision}); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+		held := map[string]bool{}
+		var last, lastChange int64
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		var final int64 = -1
+		for final < 0 || last < final {
+			select {
+			case <-done:
+				_, at, err := watcher.List(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				final, done = at, nil
+				continue
+			case bt := <-f.Batches():
+				if bt.Err != nil {
+					t.Fatal(bt.Err)
+				}
+				if bt.At < last || (len(bt.Changes) > 0 && bt.At <= lastChange) {
+					t.Fatalf("the feed went from %d back to %d", last, bt.At)
+				}
+				last = bt.At
+				for _, c := range bt.Changes {
+					if c.At != bt.At {
+						t.Errorf("a change at %d in the batch at %d", c.At, bt.At)
+					}
+					lastChange = bt.At
+					switch c.Kind {
+					case ha.ClaimPut:
+						held[c.Name] = true
+					case ha.ClaimGone:
+						delete(held, c.Name)
+					}
+				}
+			}
+		}
+		records, _, err := watcher.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]bool{}
+		for _, r := range records {
+			if r.Kind == ha.ClaimPut {
+				want[r.Name] = true
+			}
+		}
+		if fmt.Sprint(held) != fmt.Sprint(want) {
+			t.Errorf("the feed shows the holdings %v, the store holds %v", held, want)
 		}
 	})
 }
