@@ -400,3 +400,15 @@ func TestReviewFeedUnderConcurrentWritesMissesNothing(t *testing.T) {
 		}
 	})
 }
+
+// Recorder.Controllers of no replica says so, instead of a nil
+// dereference with nothing to name it.
+func TestReviewRecorderOfNilReplicaSaysSo(t *testing.T) {
+	var rec sim.Recorder
+	defer func() {
+		if p := fmt.Sprint(recover()); !strings.Contains(p, "Recorder.Controllers(nil)") {
+			t.Errorf("Controllers(nil) panicked with %q, want it named", p)
+		}
+	}()
+	rec.Controllers(nil)
+}
