@@ -28,8 +28,8 @@ import (
 // (or a second after it last did), and sets the Authorization header to
 // what it holds, beneath client-go's own header. Nothing of the token is
 // kept but what the file held last; cfg itself is not changed, and the
-// copy's BearerToken is client-go's alone, sent only while the file
-// cannot be read.
+// copy's BearerToken is client-go's alone, sent only until the file has
+// been read with a token in it.
 func withTokenFile(cfg *rest.Config) *rest.Config {
 	if cfg.BearerTokenFile == "" {
 		return cfg
@@ -46,8 +46,8 @@ func withTokenFile(cfg *rest.Config) *rest.Config {
 	return own
 }
 
-// tokenFile is the token a file holds, read again whenever the file's
-// size or modification time changes (the kubelet swaps a symlink to a
+// tokenFile is the token a file holds, read again whenever the file is
+// another (renamed over it) or its size or modification time changes (the kubelet swaps a symlink to a
 // new directory; an editor may rewrite it in place), and at least once a
 // second, in case a rewrite kept both.
 type tokenFile struct {
@@ -56,37 +56,50 @@ type tokenFile struct {
 	mu     sync.Mutex
 	seen   fileStamp // guarded by mu: the file as it was when token was read
 	readAt time.Time // guarded by mu: when token was read
-	token  string    // guarded by mu: "" until read, or when the file held none
+	token  string    // guarded by mu: the last token the file held; "" until it held one
 }
 
 // fileStamp is what tells one version of a file from the next.
 type fileStamp struct {
+	info os.FileInfo // nil until read
 	size int64
 	mod  time.Time
+}
+
+// same reports whether st and o are one version of one file: a file
+// renamed over it (the kubelet's swap) is another file even with the
+// same size and modification time, which a token of the same length,
+// written within one tick of a coarse file system clock, has.
+func (st fileStamp) same(o fileStamp) bool {
+	return st.info != nil && o.info != nil && os.SameFile(st.info, o.info) && st.size == o.size && st.mod.Equal(o.mod)
 }
 
 // rereadEvery bounds how long tokenFile keeps a token whose file seems
 // unchanged.
 const rereadEvery = time.Second
 
-// current returns the token the file holds now, and false when it cannot
-// be read or holds none (the request then goes as client-go made it).
+// current returns the token the file holds now; while the file cannot be
+// read or holds none, the last token it held; false when it never held
+// one (the request then goes as client-go made it).
+//
+// A file briefly missing, or empty (rewritten in place: truncated, then
+// written), keeps the last token read: client-go's own may be up to a
+// minute older, and revoked when the file was rewritten.
 func (f *tokenFile) current() (string, bool) {
-	fi, err := os.Stat(f.path)
-	if err != nil {
-		return "", false
-	}
-	st := fileStamp{size: fi.Size(), mod: fi.ModTime()}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if st == f.seen && f.token != "" && time.Since(f.readAt) < rereadEvery {
+	fi, err := os.Stat(f.path)
+	if err != nil {
+		return f.token, f.token != ""
+	}
+	st := fileStamp{info: fi, size: fi.Size(), mod: fi.ModTime()}
+	if st.same(f.seen) && f.token != "" && time.Since(f.readAt) < rereadEvery {
 		return f.token, true
 	}
 	b, err := os.ReadFile(f.path)
-	if err != nil {
-		return "", false
+	if token := strings.TrimSpace(string(b)); err == nil && token != "" {
+		f.seen, f.readAt, f.token = st, time.Now(), token
 	}
-	f.seen, f.readAt, f.token = st, time.Now(), strings.TrimSpace(string(b))
 	return f.token, f.token != ""
 }
 

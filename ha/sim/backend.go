@@ -7,6 +7,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -286,12 +288,15 @@ func (b *Backend) Publish(ctx context.Context, id ha.SessionID, digest, old stri
 		}
 		s.rev++
 		var changed []ha.Change
+		if digest == "" {
+			chunks = nil // publishes nothing, as documented: were they written, they would only go again, in the same batch
+		}
 		for i, data := range chunks {
 			k := chunkKey{b.cfg.ID, digest, i, len(chunks)}
 			s.chunks[k] = chunk{session: id, data: data, modified: s.rev}
 			changed = append(changed, ha.Change{Kind: ha.ChunkPut, Chunk: k.chunk(data)})
 		}
-		for k := range s.chunks {
+		for _, k := range s.chunkKeysLocked() {
 			if k.member == b.cfg.ID && (digest == "" || (old != digest && k.digest == old)) {
 				delete(s.chunks, k)
 				changed = append(changed, ha.Change{Kind: ha.ChunkGone, Chunk: k.chunk(nil)})
@@ -307,9 +312,9 @@ func (b *Backend) Publish(ctx context.Context, id ha.SessionID, digest, old stri
 func (b *Backend) Fetch(ctx context.Context, member, digest string) (chunks []ha.Chunk, at int64, err error) {
 	err = b.call(ctx, OpFetch, func(time.Time) error {
 		chunks, at = nil, b.st.rev
-		for k, c := range b.st.chunks {
+		for _, k := range b.st.chunkKeysLocked() {
 			if k.member == member && k.digest == digest {
-				chunks = append(chunks, k.chunk(c.data))
+				chunks = append(chunks, k.chunk(b.st.chunks[k].data))
 			}
 		}
 		return nil
@@ -326,13 +331,16 @@ func (b *Backend) List(ctx context.Context) (records []ha.Change, at int64, err 
 	err = b.call(ctx, OpList, func(time.Time) error {
 		s := b.st
 		records, at = nil, s.rev
-		for id, m := range s.members {
-			records = append(records, m.put(id))
+		// In one order, not the maps': the same on every run.
+		for _, id := range slices.Sorted(maps.Keys(s.members)) {
+			records = append(records, s.members[id].put(id))
 		}
-		for name, h := range s.claims {
+		for _, name := range slices.Sorted(maps.Keys(s.claims)) {
+			h := s.claims[name]
 			records = append(records, ha.Change{Kind: ha.ClaimPut, At: h.created, Member: h.holder, Name: name, Session: h.session, Created: h.created})
 		}
-		for k, c := range s.chunks {
+		for _, k := range s.chunkKeysLocked() {
+			c := s.chunks[k]
 			records = append(records, ha.Change{Kind: ha.ChunkPut, At: c.modified, Chunk: k.chunk(c.data)})
 		}
 		return nil
@@ -341,8 +349,10 @@ func (b *Backend) List(ctx context.Context) (records []ha.Change, at int64, err 
 }
 
 // HeldAt answers the names held at position at, from the live holdings
-// and every ended one: the store forgets no history. Its request is
-// bounded by the replica's RequestTimeout, and by ctx.
+// and every ended one: the store forgets no history but what
+// [Store.Compact] had it forget, and a position before the last Compact
+// fails with an error wrapping [ErrCompacted]. Its request is bounded by
+// the replica's RequestTimeout, and by ctx.
 func (b *Backend) HeldAt(ctx context.Context, at int64) (names map[string]bool, err error) {
 	ctx, cancel := b.Request(ctx)
 	defer cancel()
@@ -369,8 +379,10 @@ func (b *Backend) HeldAt(ctx context.Context, at int64) (names map[string]bool, 
 // Watch starts the feed of the store's changes after position from, in
 // the order of their positions, a batch per position, each session's end
 // in one batch; between changes it delivers a batch of progress alone at
-// least every RenewEvery of the replica's config. Its goroutine is
-// counted in wg, and ends when the feed's Stop returns.
+// least every RenewEvery of the replica's config. A feed that has not
+// delivered up to the position of a [Store.Compact] fails, its one
+// batch's error wrapping [ErrCompacted]. Its goroutine is counted in wg,
+// and ends when the feed's Stop returns.
 func (b *Backend) Watch(from int64, wg *sync.WaitGroup) ha.Feed {
 	f := &feed{out: make(chan ha.FeedBatch), quit: make(chan struct{}), done: make(chan struct{})}
 	wg.Add(1)

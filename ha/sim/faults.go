@@ -48,22 +48,35 @@ type fault struct {
 // [Store.LoseAnswer] lost: the store carried it out.
 var ErrAnswerLost = errors.New("sim: the answer was lost")
 
+// ErrUnknownReplica is wrapped by the error of [Store.Crash] given no
+// replica, or one the store made no backend for.
+var ErrUnknownReplica = errors.New("sim: no replica of this store")
+
 // Crash has replica r crash: from now on nothing any backend of r's ID
 // made so far sends reaches the store, its feed delivers nothing, and r
 // is closed ([ha.Replica.Close]), which stops its controllers at once.
 // The store ends r's session when its TTL runs out, unrenewed; its
 // holdings go with it, and the other replicas take its names over. A
 // replica made later under r's ID is not crashed: it is r restarted.
-// Crash returns Close's error.
+// Crash returns Close's error; an error wrapping [ErrUnknownReplica],
+// and r left alone, when r is nil or the store made no backend of r's
+// ID (a replica of another store: crashing it here would cut nothing off).
 //
 // Close runs the StopFuncs of r's names while r's fence is open, which a
 // real crash would not.
 func (s *Store) Crash(r *ha.Replica) error {
+	if r == nil {
+		return fmt.Errorf("%w: Crash(nil)", ErrUnknownReplica)
+	}
+	known := false
 	s.changeLinks(func() {
 		for _, b := range s.backends[r.ID()] {
-			b.crashed = true
+			b.crashed, known = true, true
 		}
 	})
+	if !known {
+		return fmt.Errorf("%w: Crash(%q): no replica of that ID was made on this store", ErrUnknownReplica, r.ID())
+	}
 	return r.Close()
 }
 
@@ -119,25 +132,39 @@ func (s *Store) changeLinks(change func()) {
 // request: "") that replica id (any replica: "") sends, and lose its
 // answer: the caller gets an error wrapping [ErrAnswerLost] at once,
 // though the write, if it was one, was made. Faults are met in the order
-// injected, each once.
-func (s *Store) LoseAnswer(id string, op Op) {
-	s.inject(fault{replica: id, op: op, lose: true})
+// injected, each once. It fails, injecting nothing, when op is none of
+// the Op constants: such a fault would meet no request, and the test
+// would pass without the fault it meant.
+func (s *Store) LoseAnswer(id string, op Op) error {
+	return s.inject(fault{replica: id, op: op, lose: true})
 }
 
 // DelayAnswer holds back by d the answer to the next request of op (any
 // request: "") that replica id (any replica: "") sends: the store
 // carries it out at once, and the caller gets the answer d later, or
-// its context's error if that ends first.
-func (s *Store) DelayAnswer(id string, op Op, d time.Duration) {
-	s.inject(fault{replica: id, op: op, delay: d})
+// its context's error if that ends first. It fails, injecting nothing,
+// when op is none of the Op constants or d is not positive.
+func (s *Store) DelayAnswer(id string, op Op, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("sim: DelayAnswer(%q, %q, %v): the delay must be positive", id, op, d)
+	}
+	return s.inject(fault{replica: id, op: op, delay: d})
 }
 
-// inject queues f for the next request it meets.
-func (s *Store) inject(f fault) {
+// ops is every Op a request is sent as.
+var ops = []Op{OpBegin, OpRenew, OpEnd, OpPutMember, OpEnsureMember, OpClaim, OpRelease, OpMemberSession, OpTimeLeft, OpPeerLeft, OpPublish, OpFetch, OpList, OpHeldAt}
+
+// inject queues f for the next request it meets; it fails when f's op
+// is no request's.
+func (s *Store) inject(f fault) error {
+	if f.op != "" && !slices.Contains(ops, f.op) {
+		return fmt.Errorf("sim: no request is sent as Op %q: want one of %v, or \"\" for any", f.op, ops)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
 	s.faults = append(s.faults, f)
+	return nil
 }
 
 // takeFaultLocked removes and returns the first fault queued that meets

@@ -64,38 +64,50 @@ func (b *Backend) deliver(f *feed, from int64) {
 		wake := s.wake
 		s.mu.Unlock()
 
-		if ready {
-			select {
-			case f.out <- batch:
-				delivered = time.Now()
-			case <-f.quit:
-				return
-			}
-			if batch.Err != nil {
-				<-f.quit // a failed feed delivers nothing more
-				return
-			}
-			from = max(from, batch.At)
+		sent, quit := f.await(batch, ready, wake, wait, expiring)
+		switch {
+		case quit:
+			return
+		case !sent:
 			continue
 		}
-		var timer *time.Timer
-		var timeout <-chan time.Time
-		if expiring {
-			timer = time.NewTimer(wait)
-			timeout = timer.C
-		}
-		select {
-		case <-wake:
-		case <-timeout:
-		case <-f.quit:
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		select {
-		case <-f.quit:
+		delivered = time.Now()
+		if batch.Err != nil {
+			<-f.quit // a failed feed delivers nothing more
 			return
-		default:
 		}
+		from = max(from, batch.At)
 	}
+}
+
+// await hands batch to f's replica, if ready, and waits until it is
+// received (sent), the store changes (wake is closed), wait has passed
+// (if expiring), or Stop (quit).
+//
+// A batch waits for its replica only until the store changes: a Pause,
+// Partition or Crash meanwhile must hold or drop it as it does the
+// batches after it (the caller checks the link again, and makes the
+// same batch again). And the first session's expiry is waited for while
+// a batch waits as well: a session ends at the moment its validity runs
+// out even while every feed's replica is busy.
+func (f *feed) await(batch ha.FeedBatch, ready bool, wake <-chan struct{}, wait time.Duration, expiring bool) (sent, quit bool) {
+	var out chan<- ha.FeedBatch // nil, which never receives, unless ready
+	if ready {
+		out = f.out
+	}
+	var timeout <-chan time.Time
+	if expiring {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	select {
+	case out <- batch:
+		return true, false
+	case <-wake:
+	case <-timeout:
+	case <-f.quit:
+		return false, true
+	}
+	return false, false
 }

@@ -49,8 +49,13 @@ func (o Overlap) String() string {
 // its UpdateController wraps the DoFunc and StopFunc it is given, so
 // that each of their calls is noted as r's; every other method is r's.
 // Register the service's controllers through it, with the code the
-// service registers them with.
+// service registers them with. It panics, saying so, given a nil
+// replica: a mistake in the test, which would otherwise be a nil
+// dereference with nothing to name it.
 func (rec *Recorder) Controllers(r *ha.Replica) ha.Controllers {
+	if r == nil {
+		panic("sim: Recorder.Controllers(nil): a replica made by ha.New is needed")
+	}
 	return recorded{Controllers: r, rec: rec, replica: r.ID()}
 }
 

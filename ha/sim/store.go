@@ -6,6 +6,8 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -249,12 +251,24 @@ func (s *Store) Requests(op Op) int {
 }
 
 // expireLocked ends every session whose validity has run out at now, as
-// a server whose TTL ran out does.
+// a server whose TTL ran out does. Each ends as of the moment its
+// validity ran out, which is when it ended (nothing read or wrote the
+// store since, or the session would have ended then), even when no feed
+// ran to end it on time; in the order they ran out, and those that ran
+// out at one instant in the order of their IDs, not the map's, so that
+// a test sees the same positions on every run.
 func (s *Store) expireLocked(now time.Time) {
+	var expired []ha.SessionID
 	for id, l := range s.sessions {
 		if !now.Before(l.expires()) {
-			s.endLocked(id, now, Expired)
+			expired = append(expired, id)
 		}
+	}
+	slices.SortFunc(expired, func(a, b ha.SessionID) int {
+		return cmp.Or(s.sessions[a].expires().Compare(s.sessions[b].expires()), cmp.Compare(a, b))
+	})
+	for _, id := range expired {
+		s.endLocked(id, s.sessions[id].expires(), Expired)
 	}
 }
 
@@ -281,14 +295,14 @@ func (s *Store) endLocked(id ha.SessionID, now time.Time, why EndReason) {
 		delete(s.members, l.member)
 		gone = append(gone, ha.Change{Kind: ha.MemberGone, Member: l.member})
 	}
-	for name, h := range s.claims {
-		if h.session == id {
+	for _, name := range slices.Sorted(maps.Keys(s.claims)) {
+		if h := s.claims[name]; h.session == id {
 			s.dropHoldingLocked(name, h)
 			gone = append(gone, ha.Change{Kind: ha.ClaimGone, Name: name})
 		}
 	}
-	for k, c := range s.chunks {
-		if c.session == id {
+	for _, k := range s.chunkKeysLocked() {
+		if s.chunks[k].session == id {
 			delete(s.chunks, k)
 			gone = append(gone, ha.Change{Kind: ha.ChunkGone, Chunk: k.chunk(nil)})
 		}
@@ -332,4 +346,13 @@ func (m member) put(id string) ha.Change {
 // chunk is the chunk k names, holding data.
 func (k chunkKey) chunk(data []byte) ha.Chunk {
 	return ha.Chunk{Member: k.member, Digest: k.digest, Index: k.i, Count: k.n, Data: data}
+}
+
+// chunkKeysLocked returns the keys of the published chunks in one order
+// (by member, digest, count and index), not the map's: what the store
+// answers and delivers comes in the same order on every run of a test.
+func (s *Store) chunkKeysLocked() []chunkKey {
+	return slices.SortedFunc(maps.Keys(s.chunks), func(a, b chunkKey) int {
+		return cmp.Or(cmp.Compare(a.member, b.member), cmp.Compare(a.digest, b.digest), cmp.Compare(a.n, b.n), cmp.Compare(a.i, b.i))
+	})
 }
