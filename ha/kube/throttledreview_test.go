@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,9 +35,11 @@ import (
 type throttlingServer struct {
 	status   int
 	refusals int64
-	sends    atomic.Int64
-	mu       sync.Mutex
-	bodies   []string // guarded by mu
+	// noRetryAfter: refuse without Retry-After
+	noRetryAfter bool
+	sends        atomic.Int64
+	mu           sync.Mutex
+	bodies       []string // guarded by mu
 }
 
 func (s *throttlingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -45,7 +48,9 @@ func (s *throttlingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.bodies = append(s.bodies, string(b))
 	s.mu.Unlock()
 	if s.sends.Add(1) <= s.refusals {
-		w.Header().Set("Retry-After", "0")
+		if !s.noRetryAfter {
+			w.Header().Set("Retry-After", "0")
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(s.status)
 		_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure, Code: int32(s.status), Reason: metav1.StatusReasonTooManyRequests})
@@ -148,6 +153,20 @@ func TestThrottledCountsEachSendOnce(t *testing.T) {
 	}
 }
 
+// client-go waits out and sends again a 429 only if it carries
+// Retry-After, as a 5xx: a 429 without it fails the request on the first
+// send, which counts once all the same.
+func TestThrottled429WithoutRetryAfterIsNotRetried(t *testing.T) {
+	srv, m, _, p := throttledClients(t, http.StatusTooManyRequests, 1<<30)
+	srv.noRetryAfter = true
+	if _, err := p.leases.Get(context.Background(), "g-b-0", metav1.GetOptions{}); err == nil {
+		t.Fatal("a Get refused with 429 succeeded")
+	}
+	if got, n := throttledCounts(t, gatherer(t, m))["read 429"], srv.sends.Load(); got != 1 || n != 1 {
+		t.Errorf("read 429 = %d over %d sends; want 1 over 1", got, n)
+	}
+}
+
 // One request refused on every send counts as many times as client-go
 // sends it: 11 (the first and ten retries), as the docs say.
 func TestThrottledTenRetriesCountEleven(t *testing.T) {
@@ -201,5 +220,44 @@ func TestThrottledCountsTheVersionRequest(t *testing.T) {
 	}
 	if total != 2 {
 		t.Errorf("/version refused twice with 429: %d counted (%v); want 2", total, counts)
+	}
+}
+
+// DESIGN.md ("Several API servers") counts on a server whose watch cache
+// is behind the version a watch asks for to hold that watch until it
+// catches up, not to refuse it: a watch from far ahead of this server's
+// cache opens, delivers nothing, and counts nothing. (A GET or LIST naming
+// such a version is answered 504 with Retry-After, which would count as
+// 5xx; the store names none.)
+func TestThrottledNotAWatchAhead(t *testing.T) {
+	cfg := replicaConfig(testCluster, nil)
+	cfg.BearerToken = testCluster.api.adminToken
+	m := NewMetrics(controller.MetricsOpts{})
+	leases, _, err := leaseClients(cfg, replicaHTTP(t, testCluster, cfg), replicaNamespace, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	selector := groupLabel + "=review-watch-ahead"
+	l, err := leases.List(t.Context(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := strconv.ParseInt(l.ResourceVersion, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
+	defer cancel()
+	w, err := leases.Watch(ctx, metav1.ListOptions{LabelSelector: selector, ResourceVersion: strconv.FormatInt(rv+100000, 10)})
+	if err != nil {
+		t.Fatalf("a watch from %d, ahead of the cache's %d: %v; want held open", rv+100000, rv, err)
+	}
+	for ev := range w.ResultChan() {
+		t.Errorf("a watch from ahead of the cache delivered %s %v; want nothing until it catches up", ev.Type, ev.Object)
+	}
+	for k, v := range throttledCounts(t, gatherer(t, m)) {
+		if v != 0 {
+			t.Errorf("%q = %d after a watch from ahead; want 0", k, v)
+		}
 	}
 }
