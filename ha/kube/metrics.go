@@ -141,8 +141,9 @@ func (t throttledTransport) RoundTrip(req *http.Request) (*http.Response, error)
 }
 
 // retryLater returns which of the counted answers resp is, and whether
-// it is one: a 429, or a 5xx with Retry-After, the answers client-go
-// waits out and sends again (a 5xx without it is an error).
+// it is one: a 429, or a 5xx with Retry-After. client-go waits out and
+// sends again those that carry Retry-After (in seconds); a 429 without
+// it fails the request at once, and counts all the same.
 func retryLater(resp *http.Response) (int, bool) {
 	switch {
 	case resp.StatusCode == http.StatusTooManyRequests:

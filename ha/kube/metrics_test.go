@@ -83,8 +83,9 @@ func TestMetricsNamesAndLint(t *testing.T) {
 	}
 }
 
-// The answers counted are those client-go waits out and sends again: a
-// 429, with or without Retry-After, and a 5xx with it.
+// The answers counted are a 429, with or without Retry-After, and a 5xx
+// with it (client-go waits out and sends again those with Retry-After:
+// TestThrottled429WithoutRetryAfterIsNotRetried).
 func TestRetryLater(t *testing.T) {
 	for _, tc := range []struct {
 		status     int
