@@ -113,7 +113,14 @@ func (m *Metrics) client(hc *http.Client, renewals bool) *http.Client {
 		return hc
 	}
 	out := *hc
-	out.Transport = throttledTransport{rt: hc.Transport, m: m, renewals: renewals}
+	// A config with neither TLS nor credentials (a kubectl proxy's
+	// http://localhost:8001) gets http.DefaultClient, whose Transport is
+	// nil: the default transport.
+	rt := hc.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	out.Transport = throttledTransport{rt: rt, m: m, renewals: renewals}
 	return &out
 }
 

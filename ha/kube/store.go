@@ -48,8 +48,9 @@ type StoreOptions struct {
 // what it holds then: a Pod's ServiceAccount token, which the kubelet
 // rewrites, is used from its rewrite on, even if the old one is revoked
 // at once (client-go alone reads the file once a minute). Store copies
-// no token out of cfg; a request made while the file cannot be read goes
-// as client-go makes it.
+// no token out of cfg. While the file cannot be read, or is empty (a
+// rewrite in place), a request carries the last token the file held; one
+// made before the file ever held a token goes as client-go makes it.
 func Store(cfg *rest.Config, namespace string, o StoreOptions) ha.Store {
 	return store{cfg: cfg, namespace: namespace, o: o}
 }
@@ -75,7 +76,8 @@ func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube: the HTTP client: %w", err)
 	}
-	leases, renewals, err := leaseClients(cfg, hc, s.namespace, cmp.Or(s.o.Metrics, DefaultMetrics))
+	m := cmp.Or(s.o.Metrics, DefaultMetrics)
+	leases, renewals, err := leaseClients(cfg, hc, s.namespace, m)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +88,8 @@ func (s store) Backend(c ha.BackendConfig) (ha.Backend, error) {
 	if err := checkInfixes("member ID", c.ID, false); err != nil {
 		return nil, fmt.Errorf("%w: %w", ha.ErrInvalidOptions, err)
 	}
-	cl, err := coordinationv1client.NewForConfigAndClient(cfg, hc)
+	// Through the throttled-requests layer too: its 429s are the store's.
+	cl, err := coordinationv1client.NewForConfigAndClient(cfg, m.client(hc, false))
 	if err != nil {
 		return nil, fmt.Errorf("kube: the version client: %w", err)
 	}

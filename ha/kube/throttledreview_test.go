@@ -91,10 +91,6 @@ type leasePair struct {
 	leases, renewals coordinationv1client.LeaseInterface
 }
 
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
 // Every send client-go retries passes through the layer once: a request
 // refused twice then served counts 2, no more, under its own label, and
 // the user's WrapTransport sees every send too. The layer leaves the
