@@ -43,7 +43,7 @@ var errNoListing = errors.New("kube: the feed starts only from the backend's las
 // the loop (run), are counted in the caller's WaitGroup; Stop ends them.
 type kubeFeed struct {
 	b      *kubeBackend       // immutable
-	out    chan ha.FeedBatch  // unbuffered: the loop sends, the caller receives
+	out    chan ha.FeedBatch  // one batch of room: the loop sends, the caller receives
 	cancel context.CancelFunc // ends both goroutines
 }
 
@@ -55,7 +55,7 @@ type kubeFeed struct {
 // deletion it did not make needs (observe.go).
 func (b *kubeBackend) Watch(from int64, wg *sync.WaitGroup) ha.Feed {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &kubeFeed{b: b, out: make(chan ha.FeedBatch), cancel: cancel}
+	f := &kubeFeed{b: b, out: make(chan ha.FeedBatch, 1), cancel: cancel}
 	b.mu.Lock()
 	l := b.listed
 	b.mu.Unlock()
@@ -85,8 +85,10 @@ func (b *kubeBackend) Watch(from int64, wg *sync.WaitGroup) ha.Feed {
 	return f
 }
 
-// Batches is where the feed delivers, one batch at a time: the loop
-// waits for the caller to receive each.
+// Batches is where the feed delivers. It holds one batch the caller has
+// not taken yet: the loop goes on taking in the watch's changes, and
+// proving due sessions ended, while the caller is busy with the batch
+// before; it waits for the caller at the next.
 func (f *kubeFeed) Batches() <-chan ha.FeedBatch { return f.out }
 
 // Stop ends the feed's goroutines; they end once they see it.
