@@ -1,13 +1,8 @@
-// The calls the shared part of ha makes of a store (ha's backend
-// interface), made of this package's primitives: sessions are member
-// Leases, holdings are entries in bucket Leases, and an ended session is
-// one this replica's observer proved or saw ended (DESIGN.md, "The
-// interface the shared part calls").
-//
-// The types below are this package's copies of the small types ha's
-// interface uses, under the same names where they do not collide with
-// this package's own (seamSession is ha's session): when the modules are
-// split, kubeBackend implements ha's interface by renaming alone.
+// ha's Backend on Kubernetes: kubeBackend implements ha.Backend and
+// its optional capabilities with ha's types, made of this package's
+// primitives: sessions are member Leases, holdings are entries in bucket
+// Leases, and an ended session is one this replica's observer proved or
+// saw ended (DESIGN.md, "The interface the shared part calls").
 
 package kube
 
@@ -33,62 +28,27 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// sessionID names one session; 0 names none. Here it is a hash of the
-// session's identity ("<ID>/<incarnation>", the member Lease's
-// holderIdentity), which is unique per incarnation (the incarnation is
-// random) and, unlike the Lease's UID, is what every bucket entry carries:
-// the session of a holding read from a bucket is known without reading
-// the holder's member Lease, which may be gone.
-type sessionID int64
-
-// idOf returns the sessionID of a session identity: FNV-1a (64 bits),
-// its top bit cleared, and 1 in place of 0, which names none.
-func idOf(identity string) sessionID {
+// idOf returns the ha.SessionID of a session identity ("<ID>/<incarnation>",
+// the member Lease's holderIdentity): FNV-1a (64 bits), its top bit
+// cleared, and 1 in place of 0, which names none. The identity is unique
+// per incarnation (the incarnation is random) and, unlike the Lease's
+// UID, is what every bucket entry carries: the session of a holding read
+// from a bucket is known without reading the holder's member Lease,
+// which may be gone.
+func idOf(identity string) ha.SessionID {
 	h := fnv.New64a()
 	h.Write([]byte(identity))
-	id := sessionID(h.Sum64() &^ (1 << 63))
+	id := ha.SessionID(h.Sum64() &^ (1 << 63))
 	if id == 0 {
 		id = 1
 	}
 	return id
 }
 
-// seamSession is one that kubeBackend.begin started (ha's session).
-type seamSession struct {
-	id   sessionID
-	sent time.Time // taken before the create of the member Lease: its validity counts from here
-	// joinedAt is the member Lease's resourceVersion at its create, as an
-	// integer (comparable across Leases since Kubernetes 1.35).
-	joinedAt int64
-}
-
-// claimed is the outcome of one name of a claim (ha's claimed, less its
-// err, which the shared part sets itself when a request fails).
-type claimed struct {
-	name string
-	ok   bool  // the holding is this session's
-	rev  int64 // ok: its position (position)
-	// token is, when ok, the bucket's leaseTransitions at the write that
-	// created the holding, for Claim.Token: the one field ha's claimed
-	// lacks.
-	token int64
-	view  *claimView // not ok: the holding another session has, read at hdr
-	hdr   int64      // not ok: the bucket's resourceVersion read
-}
-
-// claimView is a holding of another session (ha's claimView, with
-// sessionID where ha has etcd's lease ID, less its since, which the
-// shared part's view sets from its watch).
-type claimView struct {
-	holder string    // the holder's member ID
-	lease  sessionID // the holder's session
-	rev    int64     // its position
-}
-
 // memberAnnotation is the annotation of a member Lease that holds the
 // member record's value (memberValue): the ID, the digest of its names,
-// and whether it is leaving, as ha writes the value of an etcd member
-// key.
+// and whether it is leaving, in the format of ha/etcd's member key's
+// value.
 const memberAnnotation = "ha.bgctl.dev/member"
 
 // memberValue is the member record's value, in ha's format: "<ID>
@@ -102,20 +62,22 @@ func memberValue(id, digest string, leaving bool) string {
 }
 
 // claimWorkers bounds the bucket writes one call has in flight at once
-// (claim, end, takeOver): enough to keep a client's rate limit busy, few
+// (Claim, End, takeOver): enough to keep a client's rate limit busy, few
 // enough that one call does not take every connection's streams.
 const claimWorkers = 8
 
 // kubeBackend is the backend on Kubernetes Leases of one replica, of
-// member ID id in group g. Its methods are safe for concurrent use, and
-// none leaves a goroutine running when it returns; run is the one that
-// runs until its context ends, and its caller owns it.
+// member ID id in group g: ha's Backend. Its methods are safe for
+// concurrent use, and none leaves a goroutine running when it returns
+// but Watch and TakeOver, whose goroutines are counted in the caller's
+// WaitGroup; run is the one that runs until its context ends, and its
+// caller owns it.
 //
-// Its sessions are the ones begin started here. A session begun by
+// Its sessions are the ones Begin started here. A session begun by
 // another process under this replica's ID (its previous run, before a
-// restart) is read through its member Lease by timeLeft (earlierLeft),
+// restart) is read through its member Lease by TimeLeft (earlierLeft),
 // which judges it as the observers judge a silent member; every other
-// call naming such a session answers errSessionEnded.
+// call naming such a session answers ha.ErrSessionEnded.
 type kubeBackend struct {
 	// Immutable after newKubeBackend.
 	g              *group
@@ -125,20 +87,20 @@ type kubeBackend struct {
 	server         func(ctx context.Context) (*version.Info, error) // asks the API server its release (serverVersion); nil: not asked
 	requestTimeout time.Duration
 
-	warned atomic.Bool // checkServers has logged a server too old
+	warned atomic.Bool // CheckServers has logged a server too old
 
 	mu       sync.Mutex
-	sessions map[sessionID]*session           // guarded by mu: the live sessions begun here; one lost or ended is removed once found so
-	buckets  map[int]known                    // guarded by mu: the latest version of each bucket seen (the feed, or this replica's writes and reads)
-	members  map[string]*coordinationv1.Lease // guarded by mu: the feed's member Leases, by member ID
-	wrote    map[sessionID]map[int]struct{}   // guarded by mu: the buckets each session wrote entries into, for end
-	listed   *listing                         // guarded by mu: the last listing list answered, where watch starts (backendview.go)
+	sessions map[ha.SessionID]*session         // guarded by mu: the live sessions begun here; one lost or ended is removed once found so
+	buckets  map[int]known                     // guarded by mu: the latest version of each bucket seen (the feed, or this replica's writes and reads)
+	members  map[string]*coordinationv1.Lease  // guarded by mu: the feed's member Leases, by member ID
+	wrote    map[ha.SessionID]map[int]struct{} // guarded by mu: the buckets each session wrote entries into, for End
+	listed   *listing                          // guarded by mu: the last listing List answered, where Watch starts (backendview.go)
 	// moved, when not nil, is closed by the next remember, for the
 	// claims waiting for a bucket to move (awaitHandOvers). Guarded by
 	// mu.
 	moved chan struct{}
 	// handOverAt is when this replica's ha last asked for a hand-over
-	// (seam.TakeOver): claims wait for the survivors' rewrites only
+	// (TakeOver): claims wait for the survivors' rewrites only
 	// shortly after it. Guarded by mu.
 	handOverAt time.Time
 	// handing is the number of takeOver calls running, and of hand-overs
@@ -158,26 +120,40 @@ type kubeBackend struct {
 
 // newKubeBackend returns the backend of member id in g, its observer
 // fresh; server, if not nil, answers the API server's release
-// (serverVersion)
-// (checkServers), and requestTimeout bounds each request of request.
+// (serverVersion) (CheckServers), and requestTimeout bounds each request
+// of request.
 func newKubeBackend(g *group, id string, log *slog.Logger, server func(ctx context.Context) (*version.Info, error), requestTimeout time.Duration) *kubeBackend {
 	return &kubeBackend{
 		g: g, o: newObserver(g), id: id, log: log, server: server, requestTimeout: requestTimeout,
-		sessions: map[sessionID]*session{},
+		sessions: map[ha.SessionID]*session{},
 		buckets:  map[int]known{},
 		members:  map[string]*coordinationv1.Lease{},
-		wrote:    map[sessionID]map[int]struct{}{},
+		wrote:    map[ha.SessionID]map[int]struct{}{},
 	}
 }
+
+// kubeBackend is ha's Backend, with these of its optional capabilities:
+// a request's bound, claim limits of its own, a server check, a history
+// that always answers "cannot say", readings never short, and a
+// hand-over in one write per bucket.
+var (
+	_ ha.Backend       = (*kubeBackend)(nil)
+	_ ha.Requester     = (*kubeBackend)(nil)
+	_ ha.ClaimLimiter  = (*kubeBackend)(nil)
+	_ ha.ServerChecker = (*kubeBackend)(nil)
+	_ ha.HistoryReader = (*kubeBackend)(nil)
+	_ ha.Rounding      = (*kubeBackend)(nil)
+	_ ha.TakeOver      = (*kubeBackend)(nil)
+)
 
 // minServerMinor is the oldest Kubernetes 1.x release the backend relies
 // on: resourceVersions compare as integers from 1.35 on (claim positions).
 const minServerMinor = 35
 
-// checkServers asks the API server its release, within the request
+// CheckServers asks the API server its release, within the request
 // timeout and ctx, and logs at Warn, once, if it is older than 1.35. A
 // server it cannot ask is logged at Debug.
-func (b *kubeBackend) checkServers(ctx context.Context) {
+func (b *kubeBackend) CheckServers(ctx context.Context) {
 	if b.server == nil {
 		return
 	}
@@ -219,7 +195,24 @@ func (b *kubeBackend) request(parent context.Context) (context.Context, context.
 	return context.WithTimeout(parent, b.requestTimeout)
 }
 
-// begin creates this replica's member Lease, carrying digest, for a new
+// Request bounds a request by the request timeout (request), as ha's
+// Requester says: ha reads and rewrites the member record, reads a
+// peer's session and ends an old one through it, and a call whose answer
+// never comes (a stream lost while the connection lives) must fail for
+// ha to try again. A Claim alone takes parent back (claimParent): on
+// Kubernetes a Claim of many names is a write for each of up to 256
+// buckets, paced by the client's rate limiter, longer than one request's
+// timeout, and it bounds each of those writes by the request timeout
+// instead.
+func (b *kubeBackend) Request(parent context.Context) (context.Context, context.CancelFunc) {
+	return b.request(context.WithValue(parent, claimParent{}, parent))
+}
+
+// claimParent is the key under which Request keeps the context it was
+// given, for Claim.
+type claimParent struct{}
+
+// Begin creates this replica's member Lease, carrying digest, for a new
 // session (group.beginWith). If prev is a session of this backend not
 // yet deleted, it is ended first as end ends one: its end mark written
 // (session.markEnded), its entries removed (removeEntries), its Lease
@@ -227,20 +220,20 @@ func (b *kubeBackend) request(parent context.Context) (context.Context, context.
 // still prev's): the record moves to the new session, and prev's
 // holdings go with prev at once, in one batch of every feed (the caller
 // begins from prev only once every controller of prev terminated, and
-// its end of prev that follows answers errSessionEnded); a mark or
-// delete that fails otherwise (a timeout) fails begin and keeps prev,
-// for the next begin from it. A
+// its end of prev that follows answers ha.ErrSessionEnded); a mark or
+// delete that fails otherwise (a timeout) fails Begin and keeps prev,
+// for the next Begin from it. A
 // member Lease of another session, or of prev no longer known here,
-// refuses begin with errDuplicateSession, unless this replica's observer
+// refuses Begin with ha.ErrDuplicateID, unless this replica's observer
 // proves it ended: a Lease it finds is stamped, and one found unchanged
 // D after a stamp is deleted on condition of that version (observer.expire),
-// and begin creates its own. So a replica restarted after a crash, with
+// and Begin creates its own. So a replica restarted after a crash, with
 // no other replica running to prove its old session ended, begins once
 // D has passed. ttl must not exceed the group's D, which the session
 // has.
-func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Duration, digest string) (seamSession, error) {
+func (b *kubeBackend) Begin(ctx context.Context, prev ha.SessionID, ttl time.Duration, digest string) (ha.Session, error) {
 	if ttl > b.g.duration {
-		return seamSession{}, fmt.Errorf("kube: a session of %v asked for, longer than the group's lease duration %v", ttl, b.g.duration)
+		return ha.Session{}, fmt.Errorf("kube: a session of %v asked for, longer than the group's lease duration %v", ttl, b.g.duration)
 	}
 	if p := b.unfinished(prev); p != nil {
 		rctx, cancel := b.request(ctx)
@@ -255,7 +248,7 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 		if err != nil && !errors.Is(err, errSessionLost) {
 			// prev is kept: the next begin from it deletes its Lease
 			// at once, rather than wait D to prove it ended.
-			return seamSession{}, fmt.Errorf("kube: ending the previous session to move the member record: %w", err)
+			return ha.Session{}, fmt.Errorf("kube: ending the previous session to move the member record: %w", err)
 		}
 		b.forget(prev)
 	}
@@ -264,9 +257,9 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 		rctx, cancel := b.request(ctx)
 		s, valid, err := b.g.beginWith(rctx, b.id, annotations)
 		cancel()
-		if errors.Is(err, errDuplicateSession) && try == 0 {
+		if errors.Is(err, ha.ErrDuplicateID) && try == 0 {
 			if ended, perr := b.proveMemberEnded(ctx); perr != nil {
-				return seamSession{}, fmt.Errorf("%w (proving it ended: %v)", err, perr)
+				return ha.Session{}, fmt.Errorf("%w (proving it ended: %v)", err, perr)
 			} else if ended {
 				continue
 			}
@@ -276,14 +269,14 @@ func (b *kubeBackend) begin(ctx context.Context, prev sessionID, ttl time.Durati
 			if errors.As(err, &failed) {
 				b.dropUnanswered(ctx, failed.identity)
 			}
-			return seamSession{}, err
+			return ha.Session{}, err
 		}
 		id := idOf(s.identity)
 		b.mu.Lock()
 		b.sessions[id] = s
 		b.mu.Unlock()
 		joinedAt, _ := strconv.ParseInt(s.lease.ResourceVersion, 10, 64)
-		return seamSession{id: id, sent: valid.Add(-b.g.duration), joinedAt: joinedAt}, nil
+		return ha.Session{ID: id, Sent: valid.Add(-b.g.duration), JoinedAt: joinedAt}, nil
 	}
 }
 
@@ -347,7 +340,7 @@ func (b *kubeBackend) proveMemberEnded(ctx context.Context) (bool, error) {
 
 // live returns session id if it is one of this backend's and neither
 // lost nor ended as far as its own writes know, else nil.
-func (b *kubeBackend) live(id sessionID) *session {
+func (b *kubeBackend) live(id ha.SessionID) *session {
 	b.mu.Lock()
 	s := b.sessions[id]
 	b.mu.Unlock()
@@ -360,7 +353,7 @@ func (b *kubeBackend) live(id sessionID) *session {
 // unfinished returns session id if it is one of this backend's that is
 // live, or marked ended with its Lease not yet deleted (sessionEnding),
 // else nil.
-func (b *kubeBackend) unfinished(id sessionID) *session {
+func (b *kubeBackend) unfinished(id ha.SessionID) *session {
 	b.mu.Lock()
 	s := b.sessions[id]
 	b.mu.Unlock()
@@ -376,7 +369,7 @@ func (b *kubeBackend) unfinished(id sessionID) *session {
 }
 
 // forget removes session id from the backend's sessions.
-func (b *kubeBackend) forget(id sessionID) {
+func (b *kubeBackend) forget(id ha.SessionID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.sessions, id)
@@ -384,25 +377,25 @@ func (b *kubeBackend) forget(id sessionID) {
 }
 
 // ended returns the error of a call naming session id that is not live
-// here: errSessionEnded, with the session's own reason when it has one.
-func (b *kubeBackend) ended(id sessionID) error {
+// here: ha.ErrSessionEnded, with the session's own reason when it has one.
+func (b *kubeBackend) ended(id ha.SessionID) error {
 	b.mu.Lock()
 	s := b.sessions[id]
 	b.mu.Unlock()
 	if s != nil {
 		if err := s.stateErr(); errors.Is(err, errSessionLost) {
 			b.forget(id)
-			return fmt.Errorf("%w: %w", errSessionEnded, err)
+			return fmt.Errorf("kube: session %x: %w: %w", int64(id), ha.ErrSessionEnded, err)
 		}
 	}
 	b.forget(id)
-	return fmt.Errorf("%w: session %x is not live here", errSessionEnded, int64(id))
+	return fmt.Errorf("kube: session %x is not live here: %w", int64(id), ha.ErrSessionEnded)
 }
 
-// renew writes the member Lease again (session.renew), and answers D: the
+// Renew writes the member Lease again (session.renew), and answers D: the
 // session is valid until D past the request's send time, itself after
 // the moment the caller took.
-func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, error) {
+func (b *kubeBackend) Renew(ctx context.Context, id ha.SessionID) (time.Duration, error) {
 	s := b.live(id)
 	if s == nil {
 		return 0, b.ended(id)
@@ -416,7 +409,7 @@ func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 	return b.g.duration, nil
 }
 
-// end ends session id in one change every other replica sees: it
+// End ends session id in one change every other replica sees: it
 // writes the session's end into its member Lease (session.markEnded),
 // and every observer takes that version as the session's end at once
 // and its feed delivers the member record, every holding and every
@@ -427,11 +420,11 @@ func (b *kubeBackend) renew(ctx context.Context, id sessionID) (time.Duration, e
 // (session.end): for the others none of it changes anything, the
 // session being out of their view already; what fails is left (an
 // entry of an ended session is free to all, and the member's next
-// begin deletes a Lease left marked). So end answers nil once the mark
+// begin deletes a Lease left marked). So End answers nil once the mark
 // is written; an error before it leaves the session as it was, and a
-// mark lost to a timeout that landed makes the next end errSessionEnded.
+// mark lost to a timeout that landed makes the next End ha.ErrSessionEnded.
 // The caller ends a session only once nothing runs under it.
-func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
+func (b *kubeBackend) End(ctx context.Context, id ha.SessionID) error {
 	s := b.unfinished(id)
 	if s == nil {
 		return b.ended(id)
@@ -453,13 +446,13 @@ func (b *kubeBackend) end(ctx context.Context, id sessionID) error {
 	return nil
 }
 
-// removeEntries removes session s's entries (id its sessionID) from
+// removeEntries removes session s's entries (id its session ID) from
 // every bucket it wrote them into, and from every bucket the feed showed
 // it in, each write bounded as request's are and by ctx; best effort: a
 // bucket that fails is logged at Debug and left. s is marked ended
 // (session.markEnded): its writes remove its own entries alone, and
 // need no live session.
-func (b *kubeBackend) removeEntries(ctx context.Context, id sessionID, s *session) {
+func (b *kubeBackend) removeEntries(ctx context.Context, id ha.SessionID, s *session) {
 	b.mu.Lock()
 	var buckets []int
 	for i := range b.wrote[id] {
@@ -523,11 +516,11 @@ func (b *kubeBackend) each(buckets []int, f func(i int)) {
 	wg.Wait()
 }
 
-// putMember writes the member record's value into the member Lease's
+// PutMember writes the member record's value into the member Lease's
 // annotation, by a write of the session (session.update), which renews
 // it too. A session not live here answers not written, with
-// errSessionEnded.
-func (b *kubeBackend) putMember(ctx context.Context, id sessionID, digest string, leaving bool) (bool, error) {
+// ha.ErrSessionEnded.
+func (b *kubeBackend) PutMember(ctx context.Context, id ha.SessionID, digest string, leaving bool) (bool, error) {
 	s := b.live(id)
 	if s == nil {
 		return false, b.ended(id)
@@ -544,12 +537,12 @@ func (b *kubeBackend) putMember(ctx context.Context, id sessionID, digest string
 	return err == nil, err
 }
 
-// ensureMember reads the member Lease and answers its session. Here the
+// EnsureMember reads the member Lease and answers its session. Here the
 // member record is the session: a session whose Lease is absent has been
-// ended, and ensureMember answers errSessionEnded for id then, never
+// ended, and EnsureMember answers ha.ErrSessionEnded for id then, never
 // writes.
-func (b *kubeBackend) ensureMember(ctx context.Context, id sessionID, digest string) (sessionID, bool, error) {
-	under, found, err := b.memberSession(ctx)
+func (b *kubeBackend) EnsureMember(ctx context.Context, id ha.SessionID, digest string) (ha.SessionID, bool, error) {
+	under, found, err := b.MemberSession(ctx)
 	if err != nil {
 		return 0, false, err
 	}
@@ -559,9 +552,9 @@ func (b *kubeBackend) ensureMember(ctx context.Context, id sessionID, digest str
 	return under, true, nil
 }
 
-// memberSession reads this replica's member Lease with a quorum read and
+// MemberSession reads this replica's member Lease with a quorum read and
 // answers its session.
-func (b *kubeBackend) memberSession(ctx context.Context) (sessionID, bool, error) {
+func (b *kubeBackend) MemberSession(ctx context.Context) (ha.SessionID, bool, error) {
 	name := b.g.memberName(b.id)
 	l, err := b.g.leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -573,7 +566,7 @@ func (b *kubeBackend) memberSession(ctx context.Context) (sessionID, bool, error
 	return idOf(holder(l)), true, nil
 }
 
-// timeLeft reads the member Lease with a quorum read: if it is still as
+// TimeLeft reads the member Lease with a quorum read: if it is still as
 // the session's last write left it, the session lives until that write's
 // send time + D (left, counted on this replica's clock), and granted is
 // D. A version of the Lease older than that write (same UID, a smaller
@@ -581,12 +574,12 @@ func (b *kubeBackend) memberSession(ctx context.Context) (sessionID, bool, error
 // renewal of the session that was answered before the comparison, and
 // every version between the create and the session's last write is one
 // of its own, each guarded by the one before. A Lease gone or written by
-// another since is errSessionEnded.
+// another since is ha.ErrSessionEnded.
 //
 // A session this backend never began (this replica's previous run, which
 // a restart under the same ID finds holding its member Lease) is read by
 // earlierLeft instead.
-func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+func (b *kubeBackend) TimeLeft(ctx context.Context, id ha.SessionID) (left, granted time.Duration, err error) {
 	s := b.live(id)
 	if s == nil {
 		if b.began(id) {
@@ -603,14 +596,14 @@ func (b *kubeBackend) timeLeft(ctx context.Context, id sessionID) (left, granted
 	valid := s.valid
 	s.mu.Unlock()
 	if !same {
-		return 0, 0, fmt.Errorf("%w: %s was deleted or written by another", errSessionEnded, s.name)
+		return 0, 0, fmt.Errorf("kube: %s was deleted or written by another: %w", s.name, ha.ErrSessionEnded)
 	}
 	return max(time.Until(valid), 0), b.g.duration, nil
 }
 
 // began reports whether session id is one this backend began and still
 // keeps (live, lost or ending).
-func (b *kubeBackend) began(id sessionID) bool {
+func (b *kubeBackend) began(id ha.SessionID) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.sessions[id] != nil
@@ -623,14 +616,14 @@ func (b *kubeBackend) began(id sessionID) bool {
 // of the member Lease stamps its version at receipt, the session lives
 // until that stamp + D (left, of granted D), and once the version is due
 // the observer deletes the Lease on condition of it (expire), which
-// proves the session ended: errSessionEnded, and begin may create the
+// proves the session ended: ha.ErrSessionEnded, and begin may create the
 // Lease anew; its read or delete finding the Lease gone meanwhile
-// (another replica's observer proved the end first) is errSessionEnded
+// (another replica's observer proved the end first) is ha.ErrSessionEnded
 // too, as the first read finding it gone is, never a later end. A version written since (the earlier run renews: it is a
 // live duplicate, not a crashed run) is stamped anew, so left moves
 // later by the time between the writes, which ha's restart wait counts
 // as a renewal. The Lease found gone, of another session, or marked
-// ended by its session is errSessionEnded at once: begin then creates
+// ended by its session is ha.ErrSessionEnded at once: begin then creates
 // it, finds it under another session (a duplicate), or deletes a marked
 // one (proveMemberEnded). A Lease deleted by someone else proves nothing
 // of the earlier run's fence, but its holdings are judged by every
@@ -642,60 +635,55 @@ func (b *kubeBackend) began(id sessionID) bool {
 //	t = 11.2  read: rv 41 unchanged, stamped 11.2 → left 5.0 s
 //	t = 11.7 … 15.7  reads every 0.5 s: rv 41 → left 4.5 … 0.5 s
 //	t = 16.2  due: the quorum read shows rv 41, the delete on condition
-//	          of it succeeds → errSessionEnded; Join begins its session
+//	          of it succeeds → ha.ErrSessionEnded; Join begins its session
 //
 // Had the earlier run been frozen rather than killed, its fence passed
 // by 15.0 − Margin: its last renewal was sent before 10.0, and the
 // stamp, 11.2, comes after that renewal's commit.
-func (b *kubeBackend) earlierLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+func (b *kubeBackend) earlierLeft(ctx context.Context, id ha.SessionID) (left, granted time.Duration, err error) {
 	name := b.g.memberName(b.id)
 	l, err := b.g.leases.Get(ctx, name, metav1.GetOptions{}) // no resourceVersion: a quorum read
 	switch {
 	case apierrors.IsNotFound(err):
-		return 0, 0, fmt.Errorf("%w: session %x: %s is gone", errSessionEnded, int64(id), name)
+		return 0, 0, fmt.Errorf("kube: session %x: %s is gone: %w", int64(id), name, ha.ErrSessionEnded)
 	case err != nil:
 		return 0, 0, fmt.Errorf("kube: reading %s: %w", name, err)
 	}
 	identity := holder(l)
 	if idOf(identity) != id || endMarked(l) {
-		return 0, 0, fmt.Errorf("%w: session %x: %s is under another session, or marked ended by its own", errSessionEnded, int64(id), name)
+		return 0, 0, fmt.Errorf("kube: session %x: %s is under another session, or marked ended by its own: %w", int64(id), name, ha.ErrSessionEnded)
 	}
 	b.o.see(l, time.Now())
 	if ended, err := b.o.expire(ctx, identity); err != nil {
 		return 0, 0, err
 	} else if ended {
-		return 0, 0, fmt.Errorf("%w: session %x: proven ended by this replica's observer", errSessionEnded, int64(id))
+		return 0, 0, fmt.Errorf("kube: session %x: proven ended by this replica's observer: %w", int64(id), ha.ErrSessionEnded)
 	}
 	if _, stamped := b.o.stampOf(identity); !stamped {
 		// expire's read, or its delete, found the Lease gone or of
 		// another session (another replica's observer proved the end
-		// first): errSessionEnded, as the read above finding it so. The
+		// first): ha.ErrSessionEnded, as the read above finding it so. The
 		// observer counts the session ending from that read, which is
 		// no later end of a live session: answered as left, D past the
 		// one answered before, ha would count it a renewal.
-		return 0, 0, fmt.Errorf("%w: session %x: %s was found gone as this replica's observer proved its end", errSessionEnded, int64(id), name)
+		return 0, 0, fmt.Errorf("kube: session %x: %s was found gone as this replica's observer proved its end: %w", int64(id), name, ha.ErrSessionEnded)
 	}
 	left, granted, known, ended := b.o.leftOf(id, time.Now())
 	if ended || !known {
 		// Not known: the Lease's holder is no session identity this
 		// group's observer judges (sessionOf), which no begin writes.
-		return 0, 0, fmt.Errorf("%w: session %x: %s is no session of this group's", errSessionEnded, int64(id), name)
+		return 0, 0, fmt.Errorf("kube: session %x: %s is no session of this group's: %w", int64(id), name, ha.ErrSessionEnded)
 	}
 	return left, granted, nil
 }
 
-// claimCost is what a name adds to a bucket's claims, roughly: its bytes
+// ClaimCost is what a name adds to a bucket's claims, roughly: its bytes
 // and a few for its session's index and token.
-func (b *kubeBackend) claimCost(name string) int { return len(name) + 8 }
+func (b *kubeBackend) ClaimCost(name string) int { return len(name) + 8 }
 
-// errTooLarge is wrapped by claim's error when a bucket cannot take its
-// part of the names (errClaimsTooLarge), as ha's errTooLarge is: the
-// same names in smaller batches may pass.
-var errTooLarge = errors.New("kube: a bucket Lease cannot take that many names at once")
-
-// The batches kubeBackend would declare to ha's shared part, which hands
-// claim at most claimBatchNames names of at most claimBatchBytes bytes
-// (claimCost) per call: a call costs one guarded write per bucket its
+// The batches kubeBackend declares to ha's shared part (ClaimLimits),
+// which hands Claim at most claimBatchNames names of at most
+// claimBatchBytes bytes (ClaimCost) per call: a call costs one guarded write per bucket its
 // names fall in, at most the group's B (256 unless set), plus a retry
 // per conflict and a read per bucket whose version the backend has not
 // seen, however many names it carries
@@ -708,21 +696,25 @@ var errTooLarge = errors.New("kube: a bucket Lease cannot take that many names a
 // 4 KiB in each of 256 buckets, a fiftieth of its room; in a group of
 // fewer buckets, 4 KiB a bucket. The count bounds one call's work (its
 // decoding, its answer). A bucket that would overflow all the same
-// fails the call with errTooLarge, and the caller halves the batch.
+// fails the call with ha.ErrTooLarge, and the caller halves the batch.
 const (
 	claimBatchNames        = 20000
 	claimBatchBytes        = 1 << 20
 	claimBatchBytesABucket = 4 << 10
 )
 
-// claimBatch returns the most names and bytes (claimCost) one claim of
+// claimBatch returns the most names and bytes (ClaimCost) one claim of
 // the group takes: claimBatchNames, and claimBatchBytes or
 // claimBatchBytesABucket per bucket if less.
 func (g *group) claimBatch() (names, bytes int) {
 	return claimBatchNames, min(claimBatchBytes, g.buckets*claimBatchBytesABucket)
 }
 
-// claim makes session id the holder of names: one change per bucket the
+// ClaimLimits lets one Claim carry many names (group.claimBatch): it
+// costs one write per bucket its names fall in, not one per name.
+func (b *kubeBackend) ClaimLimits() (names, bytes int) { return b.g.claimBatch() }
+
+// Claim makes session id the holder of names: one change per bucket the
 // names fall in (claimWorkers at a time), each starting from the version
 // of the bucket the backend last saw (the feed's, or its own last
 // write's) and reading it only after a conflict. It first waits for the
@@ -744,7 +736,17 @@ func (g *group) claimBatch() (names, bytes int) {
 // last renewal's send time + D) when it comes, and a claim answered past
 // it fails: the caller's fence passed before, and the others take those
 // names once their observers count the session ended.
-func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (got []claimed, absent []string, err error) {
+//
+// Each bucket's write is bounded by the request timeout, not the whole
+// call: it runs under the context Request was given, when ctx is one of
+// Request's. A name ours carries its bucket Lease's name as its Key and
+// the bucket's leaseTransitions at the write that created the holding as
+// its Token; another's carries its holder, and At, the bucket's
+// resourceVersion read.
+func (b *kubeBackend) Claim(ctx context.Context, id ha.SessionID, names []string) (got []ha.Claimed, absent []string, err error) {
+	if parent, ok := ctx.Value(claimParent{}).(context.Context); ok {
+		ctx = parent
+	}
 	s := b.live(id)
 	if s == nil {
 		return nil, nil, b.ended(id)
@@ -788,20 +790,20 @@ func (b *kubeBackend) claim(ctx context.Context, id sessionID, names []string) (
 		}
 		for _, n := range byBucket[i] {
 			if _, ok := res.got[n]; ok {
-				got = append(got, claimed{name: n, ok: true, rev: position(res.lease, res.got[n]), token: res.got[n]})
+				got = append(got, ha.Claimed{Name: n, Mine: true, Revision: position(res.lease, res.got[n]), Key: b.g.bucketName(i), Token: res.got[n]})
 				continue
 			}
 			e := res.claims[n]
 			holderID, _ := identityID(e.session)
-			got = append(got, claimed{name: n, hdr: hdr, view: &claimView{holder: holderID, lease: idOf(e.session), rev: position(res.lease, e.token)}})
+			got = append(got, ha.Claimed{Name: n, Revision: position(res.lease, e.token), Holder: holderID, Session: idOf(e.session), At: hdr})
 		}
 	})
 	if err := errors.Join(errs...); err != nil {
 		switch {
-		case errors.Is(err, errSessionLost) || errors.Is(err, errSessionEnded):
-			return nil, nil, fmt.Errorf("%w: %w", errSessionEnded, err)
+		case errors.Is(err, errSessionLost) || errors.Is(err, ha.ErrSessionEnded):
+			return nil, nil, fmt.Errorf("kube: claiming under session %x: %w: %w", int64(id), ha.ErrSessionEnded, err)
 		case errors.Is(err, errClaimsTooLarge):
-			return nil, nil, fmt.Errorf("%w: %w", errTooLarge, err)
+			return nil, nil, fmt.Errorf("kube: a bucket Lease cannot take that many names at once: %w: %w", ha.ErrTooLarge, err)
 		}
 		return nil, nil, err
 	}
@@ -844,7 +846,7 @@ func (b *kubeBackend) bucketsAgain() func(ctx context.Context, name string) (*co
 }
 
 // noteWrote records that session id wrote entries into bucket i.
-func (b *kubeBackend) noteWrote(id sessionID, i int) {
+func (b *kubeBackend) noteWrote(id ha.SessionID, i int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.sessions[id] == nil {
@@ -856,13 +858,16 @@ func (b *kubeBackend) noteWrote(id sessionID, i int) {
 	b.wrote[id][i] = struct{}{}
 }
 
-// release frees holding c of this replica: one change of the name's
+// Release frees holding c of this replica: one change of the name's
 // bucket that removes its entry only if it is still at c's position
 // (claimChange.dropAt), whichever session holds it, so that a name held
 // anew since, by anyone, is left alone (each holding of a name is at the
 // resourceVersion of the write that created it). It needs no live
-// session: the position names the holding.
-func (b *kubeBackend) release(ctx context.Context, c ha.Claim) error {
+// session: the position names the holding. It is bounded by the request
+// timeout and ctx.
+func (b *kubeBackend) Release(ctx context.Context, c ha.Claim) error {
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	i := bucketOf(c.Name, b.g.buckets)
 	res, err := b.g.change(ctx, b.o, i, claimChange{dropAt: map[string]int64{c.Name: c.Revision}}, writer{identity: b.id}, b.known(i))
 	if err != nil {

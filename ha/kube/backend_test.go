@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/version"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
@@ -59,10 +60,10 @@ func runBackend(t *testing.T, b *kubeBackend) {
 }
 
 // kubeBegin begins a session of replica id, or fails the test.
-func kubeBegin(t *testing.T, st kubeStore, id string) (*kubeBackend, seamSession) {
+func kubeBegin(t *testing.T, st kubeStore, id string) (*kubeBackend, ha.Session) {
 	t.Helper()
 	b := st.backendFor(id)
-	s, err := b.begin(t.Context(), 0, testD, "digest")
+	s, err := b.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatalf("begin %s: %v", id, err)
 	}
@@ -70,7 +71,7 @@ func kubeBegin(t *testing.T, st kubeStore, id string) (*kubeBackend, seamSession
 }
 
 // What the contract (TestBackendConformanceKube) leaves to the store, as
-// Kubernetes does it: free names of one bucket are claimed in one write,
+// Kubernetes does it: free names of one bucket are ha.Claimed in one write,
 // at one position, which they keep through the bucket's later writes; a
 // name of another bucket is at its own bucket's write; a held name is
 // reported at its holder's position, read at the bucket's version or
@@ -80,59 +81,59 @@ func TestBackendClaimPositionsAreThoseOfTheirBuckets(t *testing.T) {
 	st := newKubeStore(t, needCluster(t))
 	ctx := t.Context()
 	b, s := kubeBegin(t, st, "r0")
-	defer func() { _ = b.end(ctx, s.id) }()
+	defer func() { _ = b.End(ctx, s.ID) }()
 	names := namesIn(st.g, 1, 3)
-	got, _, err := b.claim(ctx, s.id, names)
+	got, _, err := b.Claim(ctx, s.ID, names)
 	if err != nil || len(got) != 3 {
 		t.Fatalf("claim of three free names = %v, %v", got, err)
 	}
-	rev := got[0].rev
+	rev := got[0].Revision
 	other := namesIn(st.g, 2, 1)
-	if o, _, err := b.claim(ctx, s.id, other); err != nil || len(o) != 1 || !o[0].ok || o[0].rev <= rev {
+	if o, _, err := b.Claim(ctx, s.ID, other); err != nil || len(o) != 1 || !o[0].Mine || o[0].Revision <= rev {
 		t.Errorf("claim of a name of another bucket = %+v, %v; want ours after %d", o, err, rev)
 	}
-	if _, _, err := b.claim(ctx, s.id, namesIn(st.g, 1, 4)[3:]); err != nil {
+	if _, _, err := b.Claim(ctx, s.ID, namesIn(st.g, 1, 4)[3:]); err != nil {
 		t.Fatal(err)
 	}
-	again, _, err := b.claim(ctx, s.id, names)
+	again, _, err := b.Claim(ctx, s.ID, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range slices.Concat(got, again) {
-		if !c.ok || c.rev != rev || c.rev == 0 {
+		if !c.Mine || c.Revision != rev || c.Revision == 0 {
 			t.Errorf("%+v: want ours at one position (%d), the first claim's, after another write of the bucket too", c, rev)
 		}
 	}
 	r1, s1 := kubeBegin(t, st, "r1")
-	defer func() { _ = r1.end(ctx, s1.id) }()
-	got, _, err = r1.claim(ctx, s1.id, names[:1])
+	defer func() { _ = r1.End(ctx, s1.ID) }()
+	got, _, err = r1.Claim(ctx, s1.ID, names[:1])
 	if err != nil || len(got) != 1 {
 		t.Fatal(got, err)
 	}
-	if c := got[0]; c.ok || c.view == nil || c.view.holder != "r0" || c.view.lease != s.id || c.view.rev != rev || c.hdr < c.view.rev {
-		t.Errorf("claim of r0's %s by r1: %+v (view %+v), want held by r0 under %d at %d", names[0], c, c.view, s.id, rev)
+	if c := got[0]; c.Mine || c.Holder != "r0" || c.Session != s.ID || c.Revision != rev || c.At < c.Revision {
+		t.Errorf("claim of r0's %s by r1: %+v, want held by r0 under %d at %d", names[0], c, s.ID, rev)
 	}
 }
 
 // The member record is the member Lease's annotation, in ha's format:
-// putMember writes it under its session; a begin from prev writes its own
+// PutMember writes it under its session; a begin from prev writes its own
 // digest into the new Lease.
 func TestBackendMemberRecordIsTheLeasesAnnotation(t *testing.T) {
 	t.Parallel()
 	st := newKubeStore(t, needCluster(t))
 	ctx := t.Context()
 	b, s1 := kubeBegin(t, st, "r0")
-	if ok, err := b.putMember(ctx, s1.id, "other", true); err != nil || !ok {
-		t.Errorf("putMember under its own session = %v, %v; want written", ok, err)
+	if ok, err := b.PutMember(ctx, s1.ID, "other", true); err != nil || !ok {
+		t.Errorf("PutMember under its own session = %v, %v; want written", ok, err)
 	}
 	if v := memberAnnotationNow(t, st, "r0"); v != "r0 names=other (leaving)" {
-		t.Errorf("the member record after putMember: %q", v)
+		t.Errorf("the member record after PutMember: %q", v)
 	}
-	s2, err := b.begin(ctx, s1.id, testD, "digest")
+	s2, err := b.Begin(ctx, s1.ID, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = b.end(ctx, s2.id) }()
+	defer func() { _ = b.End(ctx, s2.ID) }()
 	if v := memberAnnotationNow(t, st, "r0"); v != "r0 names=digest" {
 		t.Errorf("the member record of the new session: %q, want its begin's", v)
 	}
@@ -150,10 +151,10 @@ func memberAnnotationNow(t *testing.T, st kubeStore, id string) string {
 }
 
 // kubeClaimedBy returns the outcomes in got by name.
-func kubeClaimedBy(got []claimed) map[string]claimed {
-	m := map[string]claimed{}
+func kubeClaimedBy(got []ha.Claimed) map[string]ha.Claimed {
+	m := map[string]ha.Claimed{}
 	for _, c := range got {
-		m[c.name] = c
+		m[c.Name] = c
 	}
 	return m
 }
@@ -166,10 +167,10 @@ func TestBackendEndRemovesItsEntries(t *testing.T) {
 	st := newKubeStore(t, needCluster(t))
 	ctx := t.Context()
 	a, sa := kubeBegin(t, st, "r0")
-	if _, _, err := a.claim(ctx, sa.id, namesIn(st.g, 0, 2)); err != nil {
+	if _, _, err := a.Claim(ctx, sa.ID, namesIn(st.g, 0, 2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
 	if claims, _ := bucketNow(t, testCluster, st.g, 0); len(claims) != 0 {
@@ -177,7 +178,7 @@ func TestBackendEndRemovesItsEntries(t *testing.T) {
 	}
 }
 
-// checkServers asks the API server its release with the replicas'
+// CheckServers asks the API server its release with the replicas'
 // credentials, finds the tests' server recent enough and says nothing;
 // a server before 1.35 is logged at Warn, once however often it is
 // asked.
@@ -192,16 +193,16 @@ func TestCheckServersWarnsOnceOfAServerTooOld(t *testing.T) {
 	var logs recordedLogs
 	g := newTestGroup(t, c, 4, nil)
 	b := newKubeBackend(g, "r0", slog.New(&logs), serverVersion(cl.RESTClient()), 5*time.Second)
-	b.checkServers(t.Context())
+	b.CheckServers(t.Context())
 	if n := logs.count(slog.LevelDebug); n != 0 || logs.count(slog.LevelWarn) != 0 {
-		t.Errorf("checkServers against %s logged %d debug, %d warn lines: %q", c.release, n, logs.count(slog.LevelWarn), logs.lines())
+		t.Errorf("CheckServers against %s logged %d debug, %d warn lines: %q", c.release, n, logs.count(slog.LevelWarn), logs.lines())
 	}
 	old := &version.Info{Major: "1", Minor: "34", GitVersion: "v1.34.2"}
 	b = newKubeBackend(g, "r0", slog.New(&logs), func(context.Context) (*version.Info, error) { return old, nil }, 5*time.Second)
-	b.checkServers(t.Context())
-	b.checkServers(t.Context())
+	b.CheckServers(t.Context())
+	b.CheckServers(t.Context())
 	if n := logs.count(slog.LevelWarn); n != 1 || !strings.Contains(logs.lines(), "v1.34.2") {
-		t.Errorf("checkServers twice against v1.34.2 logged %d warnings: %q; want one naming it", n, logs.lines())
+		t.Errorf("CheckServers twice against v1.34.2 logged %d warnings: %q; want one naming it", n, logs.lines())
 	}
 }
 
@@ -253,7 +254,7 @@ func (r *recordedLogs) lines() string {
 	return b.String()
 }
 
-// claimCost is never below what a name adds to its bucket's claims
+// ClaimCost is never below what a name adds to its bucket's claims
 // before compression, so that a batch kept under a byte bound by it
 // never puts more than that into a bucket.
 func TestClaimCostCoversAnEntry(t *testing.T) {
@@ -264,10 +265,10 @@ func TestClaimCostCoversAnEntry(t *testing.T) {
 	for k := range 200 {
 		name := strings.Repeat("n", k*7) + fmt.Sprint(k)
 		c[name] = entry{session: "r0/abc", token: 1 << 30}
-		cost += b.claimCost(name)
+		cost += b.ClaimCost(name)
 		// The session's identity is written once, however many names.
 		if size := len(rawClaims(c)) - len("r0/abc") - 1; size-base > cost {
-			t.Fatalf("%d names take %d bytes in a bucket, claimCost sums to %d", k+1, size-base, cost)
+			t.Fatalf("%d names take %d bytes in a bucket, ClaimCost sums to %d", k+1, size-base, cost)
 		}
 	}
 }
@@ -287,41 +288,41 @@ func TestBackendBeginReplacesOnlyAProvenEndedSession(t *testing.T) {
 		return newKubeBackend(otherReplica(t, c, g, nil), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
 	}
 	old, restarted := backendFor(), backendFor()
-	s, err := old.begin(t.Context(), 0, testD, "digest")
+	s, err := old.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for end := time.Now().Add(testD * 3 / 2); time.Now().Before(end); {
-		if _, err := restarted.begin(t.Context(), 0, testD, "digest"); !errors.Is(err, errDuplicateSession) {
-			t.Fatalf("begin while the session of r0 is renewed: %v, want errDuplicateSession", err)
+		if _, err := restarted.Begin(t.Context(), 0, testD, "digest"); !errors.Is(err, ha.ErrDuplicateID) {
+			t.Fatalf("begin while the session of r0 is renewed: %v, want ha.ErrDuplicateID", err)
 		}
-		if _, err := old.renew(t.Context(), s.id); err != nil {
+		if _, err := old.Renew(t.Context(), s.ID); err != nil {
 			t.Fatalf("renew: %v", err)
 		}
 		time.Sleep(testD / 4)
 	}
 	// The last renewal's version is new to restarted's observer: this
 	// begin stamps it, before it returns.
-	if _, err := restarted.begin(t.Context(), 0, testD, "digest"); !errors.Is(err, errDuplicateSession) {
-		t.Fatalf("begin just after the last renewal: %v, want errDuplicateSession", err)
+	if _, err := restarted.Begin(t.Context(), 0, testD, "digest"); !errors.Is(err, ha.ErrDuplicateID) {
+		t.Fatalf("begin just after the last renewal: %v, want ha.ErrDuplicateID", err)
 	}
 	stamped := time.Now()
 	time.Sleep(testD / 2)
-	if _, err := restarted.begin(t.Context(), 0, testD, "digest"); !errors.Is(err, errDuplicateSession) {
-		t.Fatalf("begin D/2 after the stamp: %v, want errDuplicateSession", err)
+	if _, err := restarted.Begin(t.Context(), 0, testD, "digest"); !errors.Is(err, ha.ErrDuplicateID) {
+		t.Fatalf("begin D/2 after the stamp: %v, want ha.ErrDuplicateID", err)
 	}
 	sleepUntil(stamped.Add(testD))
-	s2, err := restarted.begin(t.Context(), 0, testD, "digest")
+	s2, err := restarted.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatalf("begin D after the stamp of an unrenewed session: %v", err)
 	}
-	if id, found, err := restarted.memberSession(t.Context()); err != nil || !found || id != s2.id {
-		t.Errorf("memberSession = %d, %v, %v; want the new session %d", id, found, err, s2.id)
+	if id, found, err := restarted.MemberSession(t.Context()); err != nil || !found || id != s2.ID {
+		t.Errorf("MemberSession = %d, %v, %v; want the new session %d", id, found, err, s2.ID)
 	}
-	if _, err := old.renew(t.Context(), s.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("the old session's renewal after the replacement: %v, want errSessionEnded", err)
+	if _, err := old.Renew(t.Context(), s.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("the old session's renewal after the replacement: %v, want ha.ErrSessionEnded", err)
 	}
-	_ = restarted.end(t.Context(), s2.id)
+	_ = restarted.End(t.Context(), s2.ID)
 }
 
 // A claim whose answer comes after the session's validity (the last
@@ -334,16 +335,16 @@ func TestBackendClaimAnsweredPastValidityIsRefused(t *testing.T) {
 	tp := &tap{}
 	g := newTestGroup(t, c, 4, tp)
 	b := newKubeBackend(g, "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
-	s, err := b.begin(t.Context(), 0, testD, "digest")
+	s, err := b.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := namesIn(g, 0, 2)
-	if got, _, err := b.claim(t.Context(), s.id, names[:1]); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := b.Claim(t.Context(), s.ID, names[:1]); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim answered in time = %+v, %v; want ours", got, err)
 	}
 	tp.putDelay.Store(int64(testD)) // the bucket exists: the next claim is an update
-	got, _, err := b.claim(t.Context(), s.id, names[1:])
+	got, _, err := b.Claim(t.Context(), s.ID, names[1:])
 	if err == nil {
 		t.Errorf("claim answered %v after begin, unrenewed = %+v; want refused", testD, got)
 	}

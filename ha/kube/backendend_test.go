@@ -1,4 +1,4 @@
-// A session's graceful end (ha's Leave: kubeBackend.end) as the other
+// A session's graceful end (ha's Leave: kubeBackend.End) as the other
 // replicas see it, on the real API server: one batch at one position,
 // at once, and nothing after it that changes their view.
 
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -44,28 +45,28 @@ func TestBackendEndComesInOneBatchAtOnce(t *testing.T) {
 	ctx := t.Context()
 	g, a, sa, w := pairOf(t, "da")
 	x, sx := begunIn(t, g, "r2", "dx")
-	defer func() { _ = x.end(ctx, sx.id) }()
+	defer func() { _ = x.End(ctx, sx.ID) }()
 	held := slices.Concat(namesIn(g, 0, 2), namesIn(g, 1, 1), namesIn(g, 2, 1))
-	if got, _, err := a.claim(ctx, sa.id, held); err != nil || len(got) != len(held) {
+	if got, _, err := a.Claim(ctx, sa.ID, held); err != nil || len(got) != len(held) {
 		t.Fatalf("claim of %v = %+v, %v", held, got, err)
 	}
-	if err := a.publish(ctx, sa.id, "da", "", [][]byte{[]byte("set")}); err != nil {
+	if err := a.Publish(ctx, sa.ID, "da", "", [][]byte{[]byte("set")}); err != nil {
 		t.Fatal(err)
 	}
 	f, from := watchFrom(t, w)
 
 	sent := time.Now()
-	if ok, err := a.putMember(ctx, sa.id, "da", true); !ok || err != nil {
+	if ok, err := a.PutMember(ctx, sa.ID, "da", true); !ok || err != nil {
 		t.Fatalf("marking r0 leaving = %v, %v", ok, err)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatalf("end: %v", err)
 	}
 	next := namesIn(g, 3, 1)[0]
-	if got, _, err := x.claim(ctx, sx.id, []string{next}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := x.Claim(ctx, sx.ID, []string{next}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("r2's claim of %s = %+v, %v", next, got, err)
 	}
-	sessions := map[sessionID]string{sa.id: "r0", sx.id: "r2"}
+	sessions := map[ha.SessionID]string{sa.ID: "r0", sx.ID: "r2"}
 	rec := readFeed(t, f, from, sessions, 5*testD, func(lines []string) bool {
 		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "claim "+next)
 	})
@@ -81,15 +82,15 @@ func TestBackendEndComesInOneBatchAtOnce(t *testing.T) {
 // claimedBesideAWatcher begins a session of a and has it claim held,
 // then begins r1 beside it, renewing until the test ends and watching
 // the group from a listing (watchFrom): the replica that sees a's end.
-func claimedBesideAWatcher(t *testing.T, a *kubeBackend, held []string) (sa seamSession, b *kubeBackend, sb seamSession, f feed, from int64) {
+func claimedBesideAWatcher(t *testing.T, a *kubeBackend, held []string) (sa ha.Session, b *kubeBackend, sb ha.Session, f ha.Feed, from int64) {
 	t.Helper()
 	sa = beginOn(t, a)
-	if got, _, err := a.claim(t.Context(), sa.id, held); err != nil || len(got) != len(held) {
+	if got, _, err := a.Claim(t.Context(), sa.ID, held); err != nil || len(got) != len(held) {
 		t.Fatalf("claim of %v = %+v, %v", held, got, err)
 	}
 	b, sb = begunIn(t, a.g, "r1", "db")
 	keepRenewing(t, b, sb)
-	t.Cleanup(func() { _ = b.end(context.Background(), sb.id) })
+	t.Cleanup(func() { _ = b.End(context.Background(), sb.ID) })
 	f, from = watchFrom(t, b)
 	return sa, b, sb, f, from
 }
@@ -133,15 +134,15 @@ func TestBackendEndMarkFreesTheNamesAtOnce(t *testing.T) {
 	sa, b, sb, f, from := claimedBesideAWatcher(t, a, held)
 
 	sent := time.Now()
-	if ok, err := a.putMember(ctx, sa.id, "digest", true); !ok || err != nil {
+	if ok, err := a.PutMember(ctx, sa.ID, "digest", true); !ok || err != nil {
 		t.Fatalf("marking r0 leaving = %v, %v", ok, err)
 	}
-	s := a.live(sa.id)
+	s := a.live(sa.ID)
 	cut.Store(true)
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Errorf("end, whose mark landed: %v; want it ended", err)
 	}
-	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "r0", sb.id: "r1"}, 5*testD, func(lines []string) bool {
+	rec := readFeed(t, f, from, map[ha.SessionID]string{sa.ID: "r0", sb.ID: "r1"}, 5*testD, func(lines []string) bool {
 		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "gone r0")
 	})
 	sameLines(t, "the feed, a line per position", rec.lines,
@@ -150,26 +151,26 @@ func TestBackendEndMarkFreesTheNamesAtOnce(t *testing.T) {
 	if end := rec.when[len(rec.when)-1]; !end.Before(sent.Add(testD)) {
 		t.Errorf("r0's end came %v after its last renewal was sent: not at once", end.Sub(sent))
 	}
-	got, _, err := b.claim(ctx, sb.id, held)
-	if err != nil || len(got) != len(held) || slices.ContainsFunc(got, func(c claimed) bool { return !c.ok }) {
+	got, _, err := b.Claim(ctx, sb.ID, held)
+	if err != nil || len(got) != len(held) || slices.ContainsFunc(got, func(c ha.Claimed) bool { return !c.Mine }) {
 		t.Errorf("r1's claim of r0's names after r0's end = %+v, %v; want all r1's", got, err)
 	}
 	if _, err := s.renew(ctx); err == nil {
 		t.Error("r0's session renewed after its end mark")
 	}
-	if _, err := a.renew(ctx, sa.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("renew after end: %v, want errSessionEnded", err)
+	if _, err := a.Renew(ctx, sa.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("renew after end: %v, want ha.ErrSessionEnded", err)
 	}
 	l, err := needCluster(t).admin.CoordinationV1().Leases(replicaNamespace).Get(ctx, g.memberName("r0"), metav1.GetOptions{})
 	if err != nil || l.Annotations[endedAnnotation] != s.identity {
 		t.Fatalf("r0's member Lease after an end whose delete failed: %v; want it left, marked ended", err)
 	}
 	restarted := replicaBackend(t, g, "r0")
-	s2, err := restarted.begin(ctx, 0, testD, "digest")
+	s2, err := restarted.Begin(ctx, 0, testD, "digest")
 	if err != nil {
 		t.Fatalf("r0 restarted, its ended session's Lease left: %v; want it begun at once", err)
 	}
-	_ = restarted.end(ctx, s2.id)
+	_ = restarted.End(ctx, s2.ID)
 }
 
 // begin from prev ends prev as end does: another replica's feed shows
@@ -180,16 +181,16 @@ func TestBackendBeginFromPrevEndsPrevInOneBatch(t *testing.T) {
 	ctx := t.Context()
 	g, a, sa, w := pairOf(t, "da")
 	held := slices.Concat(namesIn(g, 0, 2), namesIn(g, 1, 1))
-	if got, _, err := a.claim(ctx, sa.id, held); err != nil || len(got) != len(held) {
+	if got, _, err := a.Claim(ctx, sa.ID, held); err != nil || len(got) != len(held) {
 		t.Fatalf("claim of %v = %+v, %v", held, got, err)
 	}
 	f, from := watchFrom(t, w)
-	s2, err := a.begin(ctx, sa.id, testD, "da")
+	s2, err := a.Begin(ctx, sa.ID, testD, "da")
 	if err != nil {
 		t.Fatalf("begin from prev: %v", err)
 	}
-	defer func() { _ = a.end(ctx, s2.id) }()
-	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "prev", s2.id: "next"}, 5*testD, func(lines []string) bool {
+	defer func() { _ = a.End(ctx, s2.ID) }()
+	rec := readFeed(t, f, from, map[ha.SessionID]string{sa.ID: "prev", s2.ID: "next"}, 5*testD, func(lines []string) bool {
 		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "member r0 of next")
 	})
 	sameLines(t, "the feed, a line per position", rec.lines,
@@ -210,21 +211,21 @@ func TestBackendEndMarkLandedUnansweredEndsTheSession(t *testing.T) {
 	sa, _, sb, f, from := claimedBesideAWatcher(t, a, held)
 	late.armed.Store(true)
 	ended := time.Now()
-	if err := a.end(ctx, sa.id); err == nil || errors.Is(err, errSessionEnded) {
+	if err := a.End(ctx, sa.ID); err == nil || errors.Is(err, ha.ErrSessionEnded) {
 		t.Errorf("end whose mark was not answered: %v; want a transient error", err)
 	}
 	<-late.sent
 	if err := <-late.answered; err != nil {
 		t.Fatalf("the mark, applied late: %v", err)
 	}
-	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "r0", sb.id: "r1"}, 5*testD, func(lines []string) bool {
+	rec := readFeed(t, f, from, map[ha.SessionID]string{sa.ID: "r0", sb.ID: "r1"}, 5*testD, func(lines []string) bool {
 		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "gone r0")
 	})
 	sameLines(t, "the feed, a line per position", rec.lines, endLine("r0", held))
 	if end := rec.when[len(rec.when)-1]; !end.Before(ended.Add(testD)) {
 		t.Errorf("r0's end came %v after its end was sent: not at once", end.Sub(ended))
 	}
-	if err := a.end(ctx, sa.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("end again: %v, want errSessionEnded", err)
+	if err := a.End(ctx, sa.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("end again: %v, want ha.ErrSessionEnded", err)
 	}
 }

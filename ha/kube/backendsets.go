@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/bgctl/controller/ha"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -122,7 +123,7 @@ func cmpChunks(a, b chunkKey) int {
 // chunkRecord returns chunk key as the view holds it, nil unless every
 // piece of it has come, all under one session whose records are in the
 // view: its bytes, at the position of its last piece's write.
-func (v *groupView) chunkRecord(key chunkKey) *seamChange {
+func (v *groupView) chunkRecord(key chunkKey) *ha.Change {
 	var parts [][]byte
 	var owner string
 	var at int64
@@ -142,35 +143,35 @@ func (v *groupView) chunkRecord(key chunkKey) *seamChange {
 	if parts == nil || v.over[owner] || slices.ContainsFunc(parts, func(b []byte) bool { return b == nil }) {
 		return nil
 	}
-	return &seamChange{kind: chunkPut, at: at, chunk: setChunk{member: key.member, digest: key.digest, i: key.i, n: key.n, data: bytes.Join(parts, nil)}}
+	return &ha.Change{Kind: ha.ChunkPut, At: at, Chunk: ha.Chunk{Member: key.member, Digest: key.digest, Index: key.i, Count: key.n, Data: bytes.Join(parts, nil)}}
 }
 
 // diffChunk returns the change of chunk key from before to after at
 // position at: put when it came whole or changed, gone when it no longer
 // is whole.
-func diffChunk(before, after *seamChange, key chunkKey, at int64) []seamChange {
+func diffChunk(before, after *ha.Change, key chunkKey, at int64) []ha.Change {
 	switch {
-	case after != nil && (before == nil || !bytes.Equal(before.chunk.data, after.chunk.data)):
+	case after != nil && (before == nil || !bytes.Equal(before.Chunk.Data, after.Chunk.Data)):
 		c := *after
-		c.at = max(at, c.at)
-		return []seamChange{c}
+		c.At = max(at, c.At)
+		return []ha.Change{c}
 	case after == nil && before != nil:
-		return []seamChange{{kind: chunkGone, at: at, chunk: setChunk{member: key.member, digest: key.digest, i: key.i, n: key.n}}}
+		return []ha.Change{{Kind: ha.ChunkGone, At: at, Chunk: ha.Chunk{Member: key.member, Digest: key.digest, Index: key.i, Count: key.n}}}
 	}
 	return nil
 }
 
-// publish writes chunks as this replica's set with digest, each chunk's
+// Publish writes chunks as this replica's set with digest, each chunk's
 // pieces one piece Lease each, under session id (its holderIdentity),
 // then withdraws the set of digest old; a digest of "" publishes nothing
 // and withdraws every set of this replica. A piece Lease that exists is
 // written again under this session when it is another's (an earlier
 // session of this ID) or carries other bytes, on condition of the
 // version read: so a call made again whole changes nothing. A session
-// not live here is errSessionEnded; the pieces it wrote go with it (end
+// not live here is ha.ErrSessionEnded; the pieces it wrote go with it (End
 // withdraws them; an observer that counts it ended deletes them: watch).
 // Each request is bounded by the request timeout and ctx.
-func (b *kubeBackend) publish(ctx context.Context, id sessionID, digest, old string, chunks [][]byte) error {
+func (b *kubeBackend) Publish(ctx context.Context, id ha.SessionID, digest, old string, chunks [][]byte) error {
 	s := b.live(id)
 	if s == nil {
 		return b.ended(id)
@@ -214,7 +215,7 @@ func (b *kubeBackend) writePiece(ctx context.Context, s *session, digest string,
 	}
 	for try := 0; ; try++ {
 		if err := s.stateErr(); err != nil {
-			return fmt.Errorf("%w: %w", errSessionEnded, err)
+			return fmt.Errorf("kube: writing %s: %w: %w", name, ha.ErrSessionEnded, err)
 		}
 		rctx, cancel := b.request(ctx)
 		cur, err := b.g.leases.Get(rctx, name, metav1.GetOptions{})
@@ -278,10 +279,13 @@ func (b *kubeBackend) deletePiece(ctx context.Context, l *coordinationv1.Lease) 
 	return nil
 }
 
-// fetch reads member's set with digest by one quorum list of its piece
-// Leases, and answers its whole chunks (those of a session this
-// replica's observer counts ended left out) and the list's position.
-func (b *kubeBackend) fetch(ctx context.Context, member, digest string) ([]setChunk, int64, error) {
+// Fetch reads member's set with digest by one quorum list of its piece
+// Leases, bounded by the request timeout and ctx, and answers its whole
+// chunks (those of a session this replica's observer counts ended left
+// out) and the list's position.
+func (b *kubeBackend) Fetch(ctx context.Context, member, digest string) ([]ha.Chunk, int64, error) {
+	ctx, cancel := b.request(ctx)
+	defer cancel()
 	ls, err := b.g.leases.List(ctx, metav1.ListOptions{LabelSelector: groupLabel + "=" + b.g.name + "," + kindLabel + "=" + kindChunk + "," + setLabel + "=" + memberHash(member) + "-" + digest})
 	if err != nil {
 		return nil, 0, fmt.Errorf("kube: reading %s's set %s: %w", member, digest, err)
@@ -300,10 +304,10 @@ func (b *kubeBackend) fetch(ctx context.Context, member, digest string) ([]setCh
 			}
 		}
 	}
-	var chunks []setChunk
+	var chunks []ha.Chunk
 	for _, key := range v.chunkKeys() {
 		if c := v.chunkRecord(key); c != nil {
-			chunks = append(chunks, c.chunk)
+			chunks = append(chunks, c.Chunk)
 		}
 	}
 	return chunks, at, nil

@@ -1,6 +1,6 @@
 // The group as ha's view holds it, made of the group's Leases: member
-// records, holdings and published chunks as neutral records (ha's
-// change), with the positions that created them; the listing that reads
+// records, holdings and published chunks as ha's records (ha.Change),
+// with the positions that created them; the listing that reads
 // it at one position, and the readings of other members' sessions that
 // this replica's observer answers.
 
@@ -16,47 +16,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// seamKind is what a record change did (ha's changeKind; this package's
-// changeKind is the raw feed's).
-type seamKind uint8
-
-const (
-	memberPut  seamKind = iota // a member record written
-	memberGone                 // a member record deleted
-	claimPut                   // a name held
-	claimGone                  // a holding ended
-	chunkPut                   // a chunk of a published set written
-	chunkGone                  // a chunk of a published set deleted
-)
-
-// seamChange is one change of the group's records, or, in a listing, one
-// record as it stands (ha's change).
-type seamChange struct {
-	kind seamKind
-	at   int64 // the change's position; in a listing, the record's last write's
-	// member is the member's ID (member changes) or the holder's (claim
-	// puts); name is the name (claim changes).
-	member, name string
-	// Puts of member records and claims: the session the record is
-	// under, and the position that created it.
-	session sessionID
-	created int64
-	digest  string   // member puts: the digest of its names
-	leaving bool     // member puts: marked leaving
-	chunk   setChunk // chunk changes; data nil on deletion
-}
-
-// setChunk is chunk i of n of the set of names with digest that member
-// published (ha's setChunk).
-type setChunk struct {
-	member, digest string
-	i, n           int
-	data           []byte
-}
 
 // createdAnnotation is the annotation of a member Lease that holds the
 // resourceVersion of its create: the member record's created position,
@@ -166,7 +129,7 @@ func (v *groupView) bucketIndex(name string) (int, bool) {
 // put takes in l, created or written at position at (0: from a listing),
 // and returns the changes of the view it makes, at at. A bucket whose
 // claims do not decode is an error: the view cannot say what it holds.
-func (v *groupView) put(l *coordinationv1.Lease, at int64) ([]seamChange, error) {
+func (v *groupView) put(l *coordinationv1.Lease, at int64) ([]ha.Change, error) {
 	switch l.Labels[kindLabel] {
 	case kindMember:
 		id, ok := v.memberOf(l)
@@ -176,12 +139,12 @@ func (v *groupView) put(l *coordinationv1.Lease, at int64) ([]seamChange, error)
 		before := v.memberRecord(id)
 		v.members[id] = l
 		after := v.memberRecord(id)
-		if after == nil || (before != nil && before.session == after.session && before.created == after.created &&
-			before.digest == after.digest && before.leaving == after.leaving) {
+		if after == nil || (before != nil && before.Session == after.Session && before.Created == after.Created &&
+			before.Digest == after.Digest && before.Leaving == after.Leaving) {
 			return nil, nil // a renewal: nothing the view holds changed
 		}
-		after.at = at
-		return []seamChange{*after}, nil
+		after.At = at
+		return []ha.Change{*after}, nil
 	case kindBucket:
 		i, ok := v.bucketIndex(l.Name)
 		if !ok {
@@ -208,20 +171,20 @@ func (v *groupView) put(l *coordinationv1.Lease, at int64) ([]seamChange, error)
 
 // memberRecord returns the member record of member id as the view holds
 // it, nil for none; its at is its Lease's last write's.
-func (v *groupView) memberRecord(id string) *seamChange {
+func (v *groupView) memberRecord(id string) *ha.Change {
 	l := v.members[id]
 	if l == nil || v.over[holder(l)] {
 		return nil
 	}
 	digest, leaving := parseMember(id, l.Annotations[memberAnnotation])
-	return &seamChange{kind: memberPut, at: rvOf(l), member: id, session: idOf(holder(l)),
-		created: createdOf(l), digest: digest, leaving: leaving}
+	return &ha.Change{Kind: ha.MemberPut, At: rvOf(l), Member: id, Session: idOf(holder(l)),
+		Created: createdOf(l), Digest: digest, Leaving: leaving}
 }
 
 // claimRecords returns the holdings of bucket i the view holds, by name,
 // each at the position that created it.
-func (v *groupView) claimRecords(i int) map[string]seamChange {
-	recs := map[string]seamChange{}
+func (v *groupView) claimRecords(i int) map[string]ha.Change {
+	recs := map[string]ha.Change{}
 	l := v.buckets[i]
 	pos := positions(l)
 	for name, e := range v.claims[i] {
@@ -230,7 +193,7 @@ func (v *groupView) claimRecords(i int) map[string]seamChange {
 		}
 		member, _ := identityID(e.session)
 		at := pos(e.token)
-		recs[name] = seamChange{kind: claimPut, at: at, member: member, name: name, session: idOf(e.session), created: at}
+		recs[name] = ha.Change{Kind: ha.ClaimPut, At: at, Member: member, Name: name, Session: idOf(e.session), Created: at}
 	}
 	return recs
 }
@@ -238,17 +201,17 @@ func (v *groupView) claimRecords(i int) map[string]seamChange {
 // diffClaims returns the changes from before to after, one bucket's
 // holdings, at position at: a holding new or of another holder is put
 // (a hand-over is a put alone), one that is no longer there is gone.
-func diffClaims(before, after map[string]seamChange, at int64) []seamChange {
-	var chs []seamChange
+func diffClaims(before, after map[string]ha.Change, at int64) []ha.Change {
+	var chs []ha.Change
 	for _, name := range slices.Sorted(maps.Keys(before)) {
 		if _, ok := after[name]; !ok {
-			chs = append(chs, seamChange{kind: claimGone, at: at, name: name})
+			chs = append(chs, ha.Change{Kind: ha.ClaimGone, At: at, Name: name})
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(after)) {
 		c := after[name]
-		if b, ok := before[name]; !ok || b.session != c.session || b.created != c.created {
-			c.at = max(at, c.created)
+		if b, ok := before[name]; !ok || b.Session != c.Session || b.Created != c.Created {
+			c.At = max(at, c.Created)
 			chs = append(chs, c)
 		}
 	}
@@ -277,8 +240,8 @@ func (v *groupView) sessions() []string {
 }
 
 // records returns every record of the view as a put: a listing.
-func (v *groupView) records() []seamChange {
-	var recs []seamChange
+func (v *groupView) records() []ha.Change {
+	var recs []ha.Change
 	for _, id := range slices.Sorted(maps.Keys(v.members)) {
 		if r := v.memberRecord(id); r != nil {
 			recs = append(recs, *r)
@@ -308,7 +271,7 @@ type listing struct {
 	over     map[string]bool
 }
 
-// list reads the group's Leases with one quorum list (one
+// List reads the group's Leases with one quorum list (one
 // resourceVersion for the whole list), and answers its records and that
 // position. A holding, member record or chunk of a session this
 // replica's observer counts ended is left out: on Kubernetes the entries
@@ -317,8 +280,8 @@ type listing struct {
 // that the observer knows nothing of are learnt from the same list, as
 // observer.learn learns them from a read: one whose member Lease is not
 // in it ends D after the list came (the bucket showed it existed, the
-// list that it is gone). The listing is kept for watch.
-func (b *kubeBackend) list(ctx context.Context) ([]seamChange, int64, error) {
+// list that it is gone). The listing is kept for Watch.
+func (b *kubeBackend) List(ctx context.Context) ([]ha.Change, int64, error) {
 	rctx, cancel := b.request(ctx)
 	ls, err := b.g.leases.List(rctx, metav1.ListOptions{LabelSelector: groupLabel + "=" + b.g.name})
 	cancel()
@@ -377,24 +340,25 @@ func (b *kubeBackend) learnListed(v *groupView, at time.Time) {
 	}
 }
 
-// errNoHistory is heldAt's answer: the API server keeps no state of the
+// errNoHistory is HeldAt's answer: the API server keeps no state of the
 // group at an earlier resourceVersion that a list may ask for (a list at
 // a resourceVersion is served from the watch cache's recent window, if
 // at all, and not for Leases rewritten since). ha takes it as "cannot
 // say", as etcd's answer for a compacted revision.
 var errNoHistory = errors.New("kube: the API server keeps no history of the group's Leases at an earlier position")
 
-// heldAt answers errNoHistory.
-func (b *kubeBackend) heldAt(context.Context, int64) (map[string]bool, error) {
+// HeldAt answers errNoHistory: ha then claims the names others handed to
+// this replica while it settled only after Options.Settle.
+func (b *kubeBackend) HeldAt(context.Context, int64) (map[string]bool, error) {
 	return nil, errNoHistory
 }
 
-// peerLeft answers how long another member's session id lives, as this
+// PeerLeft answers how long another member's session id lives, as this
 // replica's observer counts it: granted is the D it counts for the
 // session (its stamp's, the widest it had seen), left that D less the
 // time since it first saw the session's last version, on its own
 // monotonic clock; for a session whose Lease is gone, what is left until
-// the observer counts it ended; errSessionEnded once it does. An
+// the observer counts it ended; ha.ErrSessionEnded once it does. An
 // observer that knows nothing of id lists the group's member Leases
 // (stamping each, as a read) and looks again.
 //
@@ -406,13 +370,13 @@ func (b *kubeBackend) heldAt(context.Context, int64) (map[string]bool, error) {
 // between the writes (TestRoundingReviewPeerLeftIsShortOfAnUnseenRenewal);
 // the observer finds that renewal by its quorum read before it counts
 // the session ended, and nothing frees the session's names before it
-// does (seam.Rounding).
-func (b *kubeBackend) peerLeft(ctx context.Context, id sessionID) (left, granted time.Duration, err error) {
+// does (Rounding).
+func (b *kubeBackend) PeerLeft(ctx context.Context, id ha.SessionID) (left, granted time.Duration, err error) {
 	for try := 0; ; try++ {
 		left, granted, known, ended := b.o.leftOf(id, time.Now())
 		switch {
 		case ended:
-			return 0, 0, fmt.Errorf("%w: session %x, by this replica's observer", errSessionEnded, int64(id))
+			return 0, 0, fmt.Errorf("kube: session %x ended, by this replica's observer: %w", int64(id), ha.ErrSessionEnded)
 		case known:
 			return left, granted, nil
 		case try > 0:
@@ -431,10 +395,29 @@ func (b *kubeBackend) peerLeft(ctx context.Context, id sessionID) (left, granted
 	}
 }
 
+// Rounding is 0: TimeLeft and PeerLeft count D from a receipt of the
+// member Lease's last version they know of, after that write's commit,
+// itself after the send time its holder's fence counts from; so a
+// silent member's names start elsewhere as soon as the readings put its
+// end, without the second etcd's whole-second truncation needs.
+//
+// A renewal the observer has not seen yet (its feed stalled, or not
+// there yet) is not counted: PeerLeft read then puts the end at the
+// version before's stamp, short of the holder's validity by up to the
+// time between the two writes, and of its fence too
+// (TestRoundingReviewPeerLeftIsShortOfAnUnseenRenewal). No reading frees
+// a name here: a session's records leave the view, and a Claim takes
+// its names, only once this replica's observer counts it ended, on its
+// own proof or D after a time past the commit of the session's last
+// renewal (observer), whatever ha's hold says
+// (TestRoundingReviewShortReadingStartsNoNameEarly); ha's allowance
+// would only delay the names further.
+func (b *kubeBackend) Rounding() time.Duration { return 0 }
+
 // leftOf returns what the observer knows of session id at now: whether
 // it knows the session, whether it counts it ended, and if neither, how
 // long until it would (left) of what D (granted).
-func (o *observer) leftOf(id sessionID, now time.Time) (left, granted time.Duration, known, ended bool) {
+func (o *observer) leftOf(id ha.SessionID, now time.Time) (left, granted time.Duration, known, ended bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for identity, e := range o.ends {

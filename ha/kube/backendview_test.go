@@ -30,9 +30,9 @@ func replicaBackend(t *testing.T, g *group, id string) *kubeBackend {
 }
 
 // mustBeginAs begins a session of b, or fails the test.
-func mustBeginAs(t *testing.T, b *kubeBackend, digest string) seamSession {
+func mustBeginAs(t *testing.T, b *kubeBackend, digest string) ha.Session {
 	t.Helper()
-	s, err := b.begin(t.Context(), 0, testD, digest)
+	s, err := b.Begin(t.Context(), 0, testD, digest)
 	if err != nil {
 		t.Fatalf("begin %s: %v", b.id, err)
 	}
@@ -41,7 +41,7 @@ func mustBeginAs(t *testing.T, b *kubeBackend, digest string) seamSession {
 
 // begunIn returns the backend of member id in g, on clients of its own,
 // and its session begun with digest.
-func begunIn(t *testing.T, g *group, id, digest string) (*kubeBackend, seamSession) {
+func begunIn(t *testing.T, g *group, id, digest string) (*kubeBackend, ha.Session) {
 	t.Helper()
 	b := replicaBackend(t, g, id)
 	return b, mustBeginAs(t, b, digest)
@@ -49,7 +49,7 @@ func begunIn(t *testing.T, g *group, id, digest string) (*kubeBackend, seamSessi
 
 // pairOf returns a group of its own, the backend of r0 with a session
 // begun with digest, and the backend of r1, with none.
-func pairOf(t *testing.T, digest string) (*group, *kubeBackend, seamSession, *kubeBackend) {
+func pairOf(t *testing.T, digest string) (*group, *kubeBackend, ha.Session, *kubeBackend) {
 	t.Helper()
 	g := newTestGroup(t, needCluster(t), 4, nil)
 	a := replicaBackend(t, g, "r0")
@@ -58,20 +58,20 @@ func pairOf(t *testing.T, digest string) (*group, *kubeBackend, seamSession, *ku
 
 // recordLine renders a record of a listing or a feed for comparison;
 // sessions are named by the members whose sessions are given.
-func recordLine(c seamChange, sessions map[sessionID]string) string {
-	switch c.kind {
-	case memberPut:
-		return fmt.Sprintf("member %s of %s digest=%s leaving=%t", c.member, sessions[c.session], c.digest, c.leaving)
-	case memberGone:
-		return "gone " + c.member
-	case claimPut:
-		return fmt.Sprintf("claim %s by %s of %s", c.name, c.member, sessions[c.session])
-	case claimGone:
-		return "released " + c.name
-	case chunkPut:
-		return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.chunk.member, c.chunk.digest, c.chunk.i, c.chunk.n, c.chunk.data)
-	case chunkGone:
-		return fmt.Sprintf("chunk gone %s/%s %d/%d", c.chunk.member, c.chunk.digest, c.chunk.i, c.chunk.n)
+func recordLine(c ha.Change, sessions map[ha.SessionID]string) string {
+	switch c.Kind {
+	case ha.MemberPut:
+		return fmt.Sprintf("member %s of %s digest=%s leaving=%t", c.Member, sessions[c.Session], c.Digest, c.Leaving)
+	case ha.MemberGone:
+		return "gone " + c.Member
+	case ha.ClaimPut:
+		return fmt.Sprintf("claim %s by %s of %s", c.Name, c.Member, sessions[c.Session])
+	case ha.ClaimGone:
+		return "released " + c.Name
+	case ha.ChunkPut:
+		return fmt.Sprintf("chunk %s/%s %d/%d=%s", c.Chunk.Member, c.Chunk.Digest, c.Chunk.Index, c.Chunk.Count, c.Chunk.Data)
+	case ha.ChunkGone:
+		return fmt.Sprintf("chunk gone %s/%s %d/%d", c.Chunk.Member, c.Chunk.Digest, c.Chunk.Index, c.Chunk.Count)
 	}
 	return fmt.Sprintf("%+v", c)
 }
@@ -83,7 +83,7 @@ func recordLine(c seamChange, sessions map[sessionID]string) string {
 // Lease an administrator deleted stays listed, its holdings too, until
 // the lister's observer counts it ended, D after the list that found it
 // gone; then neither is listed, though its entry stays in the bucket.
-// heldAt cannot say.
+// HeldAt cannot say.
 func TestBackendListAtOnePosition(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
@@ -91,51 +91,51 @@ func TestBackendListAtOnePosition(t *testing.T) {
 	ctx := t.Context()
 	a, b, x := replicaBackend(t, g, "r0"), replicaBackend(t, g, "r1"), replicaBackend(t, g, "r2")
 	sa, sb, sx := mustBeginAs(t, a, "da"), mustBeginAs(t, b, "db"), mustBeginAs(t, x, "dx")
-	if _, err := a.renew(ctx, sa.id); err != nil {
+	if _, err := a.Renew(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.putMember(ctx, sb.id, "db2", true); !ok || err != nil {
-		t.Fatalf("putMember: %v, %v", ok, err)
+	if ok, err := b.PutMember(ctx, sb.ID, "db2", true); !ok || err != nil {
+		t.Fatalf("PutMember: %v, %v", ok, err)
 	}
 	names := append(namesIn(g, 0, 2), namesIn(g, 1, 1)...)
-	got, _, err := a.claim(ctx, sa.id, names)
+	got, _, err := a.Claim(ctx, sa.ID, names)
 	if err != nil || len(got) != 3 {
 		t.Fatalf("claim: %+v, %v", got, err)
 	}
 	rev := map[string]int64{}
 	for _, c := range got {
-		rev[c.name] = c.rev
+		rev[c.Name] = c.Revision
 	}
-	if err := a.release(ctx, ha.Claim{Name: names[1], Revision: rev[names[1]]}); err != nil {
+	if err := a.Release(ctx, ha.Claim{Name: names[1], Revision: rev[names[1]]}); err != nil {
 		t.Fatal(err)
 	}
 	lost := namesIn(g, 2, 1)[0]
-	if _, _, err := x.claim(ctx, sx.id, []string{lost}); err != nil {
+	if _, _, err := x.Claim(ctx, sx.ID, []string{lost}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.publish(ctx, sb.id, "db2", "", [][]byte{[]byte("p"), []byte("q")}); err != nil {
+	if err := b.Publish(ctx, sb.ID, "db2", "", [][]byte{[]byte("p"), []byte("q")}); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
 	if err := c.admin.CoordinationV1().Leases(replicaNamespace).Delete(ctx, g.memberName("r2"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	sessions := map[sessionID]string{sa.id: "r0", sb.id: "r1", sx.id: "r2"}
-	joined := map[string]int64{"r0": sa.joinedAt, "r1": sb.joinedAt, "r2": sx.joinedAt}
+	sessions := map[ha.SessionID]string{sa.ID: "r0", sb.ID: "r1", sx.ID: "r2"}
+	joined := map[string]int64{"r0": sa.JoinedAt, "r1": sb.JoinedAt, "r2": sx.JoinedAt}
 	listed := func() ([]string, int64) {
-		records, at, err := b.list(ctx)
+		records, at, err := b.List(ctx)
 		if err != nil {
 			t.Fatalf("list: %v", err)
 		}
 		var lines []string
 		for _, c := range records {
-			if c.at > at || c.at <= 0 {
-				t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.at, at)
+			if c.At > at || c.At <= 0 {
+				t.Errorf("record %+v written at %d, outside the listing's position %d", c, c.At, at)
 			}
-			if c.kind == memberPut && c.created != joined[c.member] {
-				t.Errorf("member %s created at %d, want its begin's %d", c.member, c.created, joined[c.member])
+			if c.Kind == ha.MemberPut && c.Created != joined[c.Member] {
+				t.Errorf("member %s created at %d, want its begin's %d", c.Member, c.Created, joined[c.Member])
 			}
-			if c.kind == claimPut && c.created != rev[c.name] && c.name != lost {
-				t.Errorf("claim of %s created at %d, want its claim's %d", c.name, c.created, rev[c.name])
+			if c.Kind == ha.ClaimPut && c.Created != rev[c.Name] && c.Name != lost {
+				t.Errorf("claim of %s created at %d, want its claim's %d", c.Name, c.Created, rev[c.Name])
 			}
 			lines = append(lines, recordLine(c, sessions))
 		}
@@ -154,8 +154,8 @@ func TestBackendListAtOnePosition(t *testing.T) {
 	if at < rev[names[2]] {
 		t.Errorf("listed at %d, before the claim at %d", at, rev[names[2]])
 	}
-	if names, err := b.heldAt(ctx, sa.joinedAt); err == nil {
-		t.Errorf("heldAt = %v, want an error: the API server keeps no history", names)
+	if names, err := b.HeldAt(ctx, sa.JoinedAt); err == nil {
+		t.Errorf("HeldAt = %v, want an error: the API server keeps no history", names)
 	}
 	time.Sleep(testD)
 	lines, _ = listed()
@@ -173,26 +173,26 @@ func TestBackendListAtOnePosition(t *testing.T) {
 
 // Another replica reads a member's session from its observer's stamps:
 // about D of D when it first sees it, less as time passes unrenewed, and
-// errSessionEnded once its observer proved it ended.
+// ha.ErrSessionEnded once its observer proved it ended.
 func TestBackendPeerLeftFromTheObserversStamps(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	_, _, sa, reader := pairOf(t, "d")
-	left, granted, err := reader.peerLeft(ctx, sa.id)
+	left, granted, err := reader.PeerLeft(ctx, sa.ID)
 	if err != nil || granted != testD || left > testD || left < testD-time.Second/2 {
-		t.Fatalf("peerLeft of a new session = %v of %v, %v; want about %v of %v", left, granted, err, testD, testD)
+		t.Fatalf("PeerLeft of a new session = %v of %v, %v; want about %v of %v", left, granted, err, testD, testD)
 	}
 	time.Sleep(testD / 2)
-	if left2, _, err := reader.peerLeft(ctx, sa.id); err != nil || left2 > left-testD/2 || left2 < left-testD/2-time.Second/2 {
-		t.Errorf("peerLeft D/2 later, unrenewed = %v, %v; want about %v", left2, err, left-testD/2)
+	if left2, _, err := reader.PeerLeft(ctx, sa.ID); err != nil || left2 > left-testD/2 || left2 < left-testD/2-time.Second/2 {
+		t.Errorf("PeerLeft D/2 later, unrenewed = %v, %v; want about %v", left2, err, left-testD/2)
 	}
 	time.Sleep(testD / 2)
 	reader.proveDue(ctx)
-	if _, _, err := reader.peerLeft(ctx, sa.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("peerLeft once the reader's observer proved the session ended: %v, want errSessionEnded", err)
+	if _, _, err := reader.PeerLeft(ctx, sa.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("PeerLeft once the reader's observer proved the session ended: %v, want ha.ErrSessionEnded", err)
 	}
-	if _, _, err := reader.peerLeft(ctx, sa.id+1); err == nil || errors.Is(err, errSessionEnded) {
-		t.Errorf("peerLeft of a session nobody began: %v, want an error other than errSessionEnded", err)
+	if _, _, err := reader.PeerLeft(ctx, sa.ID+1); err == nil || errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("PeerLeft of a session nobody began: %v, want an error other than ha.ErrSessionEnded", err)
 	}
 }
 
@@ -229,49 +229,49 @@ func TestBackendPublishesLargeSets(t *testing.T) {
 	if len(chunks) < 2 || len(chunks[0]) <= pieceBytes {
 		t.Fatalf("the set is %d chunks, the first of %d bytes: want several, larger than a piece", len(chunks), len(chunks[0]))
 	}
-	if err := a.publish(ctx, sa.id, "d1", "", chunks); err != nil {
+	if err := a.Publish(ctx, sa.ID, "d1", "", chunks); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	if err := a.publish(ctx, sa.id, "d1", "", chunks); err != nil {
+	if err := a.Publish(ctx, sa.ID, "d1", "", chunks); err != nil {
 		t.Fatalf("publish again: %v", err)
 	}
-	read := func(digest string) ([]setChunk, int64) {
-		got, at, err := reader.fetch(ctx, "r0", digest)
+	read := func(digest string) ([]ha.Chunk, int64) {
+		got, at, err := reader.Fetch(ctx, "r0", digest)
 		if err != nil {
 			t.Fatalf("fetch %s: %v", digest, err)
 		}
-		slices.SortFunc(got, func(a, b setChunk) int { return a.i - b.i })
+		slices.SortFunc(got, func(a, b ha.Chunk) int { return a.Index - b.Index })
 		return got, at
 	}
 	got, at := read("d1")
-	if len(got) != len(chunks) || at <= sa.joinedAt {
-		t.Fatalf("fetch read %d chunks at %d, want %d after %d", len(got), at, len(chunks), sa.joinedAt)
+	if len(got) != len(chunks) || at <= sa.JoinedAt {
+		t.Fatalf("fetch read %d chunks at %d, want %d after %d", len(got), at, len(chunks), sa.JoinedAt)
 	}
 	for i, ch := range got {
-		if ch.member != "r0" || ch.digest != "d1" || ch.i != i || ch.n != len(chunks) || !bytes.Equal(ch.data, chunks[i]) {
-			t.Errorf("chunk %d read back as %s/%s %d/%d of %d bytes, want r0/d1 %d/%d of %d", i, ch.member, ch.digest, ch.i, ch.n, len(ch.data), i, len(chunks), len(chunks[i]))
+		if ch.Member != "r0" || ch.Digest != "d1" || ch.Index != i || ch.Count != len(chunks) || !bytes.Equal(ch.Data, chunks[i]) {
+			t.Errorf("chunk %d read back as %s/%s %d/%d of %d bytes, want r0/d1 %d/%d of %d", i, ch.Member, ch.Digest, ch.Index, ch.Count, len(ch.Data), i, len(chunks), len(chunks[i]))
 		}
 	}
 	if n := pieceLeases(t, g); n <= len(chunks) {
 		t.Errorf("%d piece Leases for %d chunks, want more", n, len(chunks))
 	}
-	if err := a.publish(ctx, sa.id, "d2", "d1", [][]byte{[]byte("small")}); err != nil {
+	if err := a.Publish(ctx, sa.ID, "d2", "d1", [][]byte{[]byte("small")}); err != nil {
 		t.Fatalf("publish d2 in d1's place: %v", err)
 	}
 	if got, _ := read("d1"); len(got) != 0 {
 		t.Errorf("d1 after d2 replaced it: %d chunks, want none", len(got))
 	}
-	if got, _ := read("d2"); len(got) != 1 || string(got[0].data) != "small" {
+	if got, _ := read("d2"); len(got) != 1 || string(got[0].Data) != "small" {
 		t.Errorf("d2 = %+v, want one chunk", got)
 	}
-	if err := a.end(ctx, sa.id); err != nil {
+	if err := a.End(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
 	if n := pieceLeases(t, g); n != 0 {
 		t.Errorf("%d piece Leases after the session's end, want none", n)
 	}
-	if err := a.publish(ctx, sa.id, "d3", "", [][]byte{[]byte("x")}); !errors.Is(err, errSessionEnded) {
-		t.Errorf("publish under an ended session: %v, want errSessionEnded", err)
+	if err := a.Publish(ctx, sa.ID, "d3", "", [][]byte{[]byte("x")}); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("publish under an ended session: %v, want ha.ErrSessionEnded", err)
 	}
 }
 

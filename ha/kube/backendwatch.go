@@ -15,25 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	coordinationv1 "k8s.io/api/coordination/v1"
 )
-
-// feed delivers the changes of the group's records in batches (ha's
-// feed).
-type feed interface {
-	// batches is where the feed delivers; the caller receives from it
-	// until it stops the feed.
-	batches() <-chan feedBatch
-	// stop ends the feed; it is called once, by the caller.
-	stop()
-}
-
-// feedBatch is one delivery of a feed (ha's feedBatch).
-type feedBatch struct {
-	changes []seamChange // in the order of their positions
-	at      int64        // every change up to this position has been delivered
-	err     error        // the feed failed: nothing comes after this batch
-}
 
 // errNoListing fails a feed asked to start from a position that is not
 // the backend's last listing's: the feed needs the view at its start to
@@ -56,22 +40,22 @@ var errNoListing = errors.New("kube: the feed starts only from the backend's las
 //
 // It is the backend's feed in place of run: both feed the observer, and
 // a backend runs one or the other. Its two goroutines, the watch's and
-// the loop (run), are counted in the caller's WaitGroup; stop ends them.
+// the loop (run), are counted in the caller's WaitGroup; Stop ends them.
 type kubeFeed struct {
 	b      *kubeBackend       // immutable
-	out    chan feedBatch     // unbuffered: the loop sends, the caller receives
+	out    chan ha.FeedBatch  // one batch of room: the loop sends, the caller receives
 	cancel context.CancelFunc // ends both goroutines
 }
 
-// watch starts the feed from from, which must be the position of the
+// Watch starts the feed from from, which must be the position of the
 // backend's last listing (else its one batch is errNoListing). The
 // observer takes the listing first, as a snapshot received when the list
 // came, then every event of a watch from its resourceVersion: so it sees
 // the group's versions in commit order with no gap, as its rule for a
 // deletion it did not make needs (observe.go).
-func (b *kubeBackend) watch(from int64, wg *sync.WaitGroup) feed {
+func (b *kubeBackend) Watch(from int64, wg *sync.WaitGroup) ha.Feed {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &kubeFeed{b: b, out: make(chan feedBatch), cancel: cancel}
+	f := &kubeFeed{b: b, out: make(chan ha.FeedBatch, 1), cancel: cancel}
 	b.mu.Lock()
 	l := b.listed
 	b.mu.Unlock()
@@ -101,10 +85,14 @@ func (b *kubeBackend) watch(from int64, wg *sync.WaitGroup) feed {
 	return f
 }
 
-func (f *kubeFeed) batches() <-chan feedBatch { return f.out }
+// Batches is where the feed delivers. It holds one batch the caller has
+// not taken yet: the loop goes on taking in the watch's changes, and
+// proving due sessions ended, while the caller is busy with the batch
+// before; it waits for the caller at the next.
+func (f *kubeFeed) Batches() <-chan ha.FeedBatch { return f.out }
 
-// stop ends the feed's goroutines; they end once they see it.
-func (f *kubeFeed) stop() { f.cancel() }
+// Stop ends the feed's goroutines; they end once they see it.
+func (f *kubeFeed) Stop() { f.cancel() }
 
 // run is the feed's loop: it takes in each change of the watch (the
 // observer, the backend's bucket versions, the view), delivers what it
@@ -138,7 +126,7 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 	defer due.Stop()
 	var fired time.Time
 	for {
-		var fb feedBatch
+		var fb ha.FeedBatch
 		endsNow, ticked := false, false
 		var now time.Time
 		var dueC <-chan time.Time
@@ -151,19 +139,19 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 		case <-ctx.Done():
 			return
 		case err := <-failed:
-			fb.err = err
+			fb.Err = err
 			if err == nil {
-				fb.err = errors.New("kube: the group's watch ended")
+				fb.Err = errors.New("kube: the group's watch ended")
 			}
 		case ch := <-raw:
 			b.observe(ch)
 			changes, at, err := v.take(ch)
 			if err != nil {
-				fb.err = err
+				fb.Err = err
 				break
 			}
 			pos = max(pos, at)
-			fb.changes, fb.at, endsNow = changes, pos, true
+			fb.Changes, fb.At, endsNow = changes, pos, true
 		case now = <-tick.C:
 			ticked = true
 		case now = <-dueC:
@@ -179,29 +167,29 @@ func (f *kubeFeed) run(ctx context.Context, l *listing, raw <-chan change, faile
 				waiting = now
 			}
 			endsNow = changedAt < pos || now.Sub(waiting) >= b.g.duration/2
-			fb.at = pos
+			fb.At = pos
 		}
 		if endsNow && v != nil {
 			for _, identity := range v.sessions() {
 				if b.o.ended(identity) {
-					fb.changes = append(fb.changes, v.endOf(identity, pos)...)
+					fb.Changes = append(fb.Changes, v.endOf(identity, pos)...)
 				}
 			}
 			waiting = time.Time{}
 		}
-		if fb.err == nil && len(fb.changes) == 0 && fb.at <= sentAt {
+		if fb.Err == nil && len(fb.Changes) == 0 && fb.At <= sentAt {
 			continue // nothing new to say
 		}
-		if len(fb.changes) > 0 {
-			changedAt = fb.at
+		if len(fb.Changes) > 0 {
+			changedAt = fb.At
 		}
-		sentAt = fb.at
+		sentAt = fb.At
 		select {
 		case f.out <- fb:
 		case <-ctx.Done():
 			return
 		}
-		if fb.err != nil {
+		if fb.Err != nil {
 			return
 		}
 	}
@@ -219,7 +207,7 @@ var errHistoryExpired = errors.New("kube: the group's watch history expired: lis
 // take brings one change of the group's watch into the view, and
 // returns what it changed, in the order of their positions, and the
 // position the feed is at after it. A snapshot is errHistoryExpired.
-func (v *groupView) take(ch change) ([]seamChange, int64, error) {
+func (v *groupView) take(ch change) ([]ha.Change, int64, error) {
 	at, err := strconv.ParseInt(ch.rv, 10, 64)
 	if err != nil {
 		return nil, 0, fmt.Errorf("kube: resourceVersion %q is not an integer (a server before 1.35?)", ch.rv)
@@ -256,7 +244,7 @@ func (f *kubeFeed) dropOver(ctx context.Context, v *groupView) {
 // changes it makes: a chunk withdrawn. A member Lease's deletion changes
 // nothing yet (the member goes with its session's end: endOf); buckets
 // are never deleted.
-func (v *groupView) deleted(l *coordinationv1.Lease, at int64) []seamChange {
+func (v *groupView) deleted(l *coordinationv1.Lease, at int64) []ha.Change {
 	if l.Labels[kindLabel] != kindChunk {
 		return nil
 	}
@@ -274,12 +262,12 @@ func (v *groupView) deleted(l *coordinationv1.Lease, at int64) []seamChange {
 // record (unless a later session of its ID has it), its holdings and its
 // published chunks. ha's feed delivers them as one batch (the contract
 // of its feed: a session's end at one position).
-func (v *groupView) endOf(identity string, at int64) []seamChange {
-	var chs []seamChange
+func (v *groupView) endOf(identity string, at int64) []ha.Change {
+	var chs []ha.Change
 	id, _ := identityID(identity)
 	if l := v.members[id]; l != nil && holder(l) == identity {
 		if v.memberRecord(id) != nil {
-			chs = append(chs, seamChange{kind: memberGone, at: at, member: id})
+			chs = append(chs, ha.Change{Kind: ha.MemberGone, At: at, Member: id})
 		}
 		delete(v.members, id)
 	}
@@ -292,7 +280,7 @@ func (v *groupView) endOf(identity string, at int64) []seamChange {
 		}
 	}
 	keys := v.chunkKeys()
-	chunks := map[chunkKey]*seamChange{}
+	chunks := map[chunkKey]*ha.Change{}
 	for _, k := range keys {
 		chunks[k] = v.chunkRecord(k)
 	}
@@ -302,7 +290,7 @@ func (v *groupView) endOf(identity string, at int64) []seamChange {
 	for _, i := range slices.Sorted(maps.Keys(gone)) {
 		slices.Sort(gone[i])
 		for _, name := range gone[i] {
-			chs = append(chs, seamChange{kind: claimGone, at: at, name: name})
+			chs = append(chs, ha.Change{Kind: ha.ClaimGone, At: at, Name: name})
 		}
 	}
 	for _, k := range keys {

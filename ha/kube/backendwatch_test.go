@@ -1,4 +1,4 @@
-// ha's feed on Kubernetes (kubeBackend.watch) on the real API server, as
+// ha's feed on Kubernetes (kubeBackend.Watch) on the real API server, as
 // the replicas: what each write shows, and a session's end in one batch
 // only once the observer counts it ended.
 
@@ -29,35 +29,35 @@ type feedRecord struct {
 // enough, or within fails the test. It fails the test as well on a
 // failed batch, a change outside its batch's position or before an
 // earlier one, and a position whose changes come in two batches.
-func readFeed(t *testing.T, f feed, from int64, sessions map[sessionID]string, within time.Duration, until func(lines []string) bool) feedRecord {
+func readFeed(t *testing.T, f ha.Feed, from int64, sessions map[ha.SessionID]string, within time.Duration, until func(lines []string) bool) feedRecord {
 	t.Helper()
 	var rec feedRecord
 	batchOf := map[int64]int{}
 	last := from
 	timeout := time.After(within)
 	for n := 0; !until(rec.lines); n++ {
-		var fb feedBatch
+		var fb ha.FeedBatch
 		select {
-		case fb = <-f.batches():
+		case fb = <-f.Batches():
 		case <-timeout:
 			t.Fatalf("the feed delivered, in %v:\n%s", within, strings.Join(rec.lines, "\n"))
 		}
-		if fb.err != nil {
-			t.Fatalf("the feed failed: %v", fb.err)
+		if fb.Err != nil {
+			t.Fatalf("the feed failed: %v", fb.Err)
 		}
-		for _, c := range fb.changes {
-			if c.at < last || c.at > fb.at {
-				t.Errorf("change %+v at %d: after %d, in a batch up to %d", c, c.at, last, fb.at)
+		for _, c := range fb.Changes {
+			if c.At < last || c.At > fb.At {
+				t.Errorf("change %+v at %d: after %d, in a batch up to %d", c, c.At, last, fb.At)
 			}
-			if b, ok := batchOf[c.at]; ok && b != n {
-				t.Errorf("the changes at position %d came in batches %d and %d", c.at, b, n)
+			if b, ok := batchOf[c.At]; ok && b != n {
+				t.Errorf("the changes at position %d came in batches %d and %d", c.At, b, n)
 			}
-			if _, ok := batchOf[c.at]; !ok {
-				batchOf[c.at] = n
+			if _, ok := batchOf[c.At]; !ok {
+				batchOf[c.At] = n
 				rec.lines = append(rec.lines, "")
 				rec.when = append(rec.when, time.Now())
 			}
-			last = c.at
+			last = c.At
 			at := strings.Split(rec.lines[len(rec.lines)-1], ", ")
 			at = append(at, recordLine(c, sessions))
 			slices.Sort(at)
@@ -69,16 +69,16 @@ func readFeed(t *testing.T, f feed, from int64, sessions map[sessionID]string, w
 
 // watchFrom lists the group as b and starts b's feed there; the feed is
 // stopped, and its goroutines joined, when the test ends.
-func watchFrom(t *testing.T, b *kubeBackend) (feed, int64) {
+func watchFrom(t *testing.T, b *kubeBackend) (ha.Feed, int64) {
 	t.Helper()
-	_, from, err := b.list(t.Context())
+	_, from, err := b.List(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	f := b.watch(from, &wg)
+	f := b.Watch(from, &wg)
 	t.Cleanup(func() {
-		f.stop()
+		f.Stop()
 		wg.Wait()
 	})
 	return f, from
@@ -96,31 +96,31 @@ func TestBackendFeedShowsClaimsAHandOverAReleaseAndAnEnd(t *testing.T) {
 	ctx := t.Context()
 	g, a, sa, w := pairOf(t, "da")
 	x, sx := begunIn(t, g, "r2", "dx")
-	stop := renewing(a.live(sa.id))
+	stop := renewing(a.live(sa.ID))
 	defer stop()
 	z, u := namesIn(g, 1, 1)[0], namesIn(g, 2, 1)[0]
-	if _, _, err := x.claim(ctx, sx.id, []string{z, u}); err != nil {
+	if _, _, err := x.Claim(ctx, sx.ID, []string{z, u}); err != nil {
 		t.Fatal(err)
 	}
-	if err := x.publish(ctx, sx.id, "dx", "", [][]byte{[]byte("set")}); err != nil {
+	if err := x.Publish(ctx, sx.ID, "dx", "", [][]byte{[]byte("set")}); err != nil {
 		t.Fatal(err)
 	}
 	crashed := time.Now() // r2 renews no more; the listing below stamps its Lease after this
 	f, from := watchFrom(t, w)
 
 	both := namesIn(g, 0, 2)
-	if _, _, err := a.claim(ctx, sa.id, both); err != nil {
+	if _, _, err := a.Claim(ctx, sa.ID, both); err != nil {
 		t.Fatal(err)
 	}
-	given, err := a.g.change(ctx, a.o, 0, claimChange{give: map[string]string{both[0]: x.live(sx.id).identity}}, a.live(sa.id).writer(), nil)
+	given, err := a.g.change(ctx, a.o, 0, claimChange{give: map[string]string{both[0]: x.live(sx.ID).identity}}, a.live(sa.ID).writer(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	at := position(given.lease, given.claims[both[0]].token)
-	if err := x.release(ctx, ha.Claim{Name: both[0], Revision: at}); err != nil {
+	if err := x.Release(ctx, ha.Claim{Name: both[0], Revision: at}); err != nil {
 		t.Fatal(err)
 	}
-	sessions := map[sessionID]string{sa.id: "r0", sx.id: "r2"}
+	sessions := map[ha.SessionID]string{sa.ID: "r0", sx.ID: "r2"}
 	rec := readFeed(t, f, from, sessions, 10*testD, func(lines []string) bool {
 		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "gone r2")
 	})
@@ -144,17 +144,17 @@ func TestBackendFeedShowsAnEarlyEndOnlyDAfterTheLastStamp(t *testing.T) {
 	ctx := t.Context()
 	g, a, sa, w := pairOf(t, "da")
 	name := namesIn(g, 3, 1)[0]
-	if _, _, err := a.claim(ctx, sa.id, []string{name}); err != nil {
+	if _, _, err := a.Claim(ctx, sa.ID, []string{name}); err != nil {
 		t.Fatal(err)
 	}
 	f, from := watchFrom(t, w)
-	stop := renewing(a.live(sa.id))
+	stop := renewing(a.live(sa.ID))
 	time.Sleep(testD / 2)
-	identity := a.live(sa.id).identity
+	identity := a.live(sa.ID).identity
 	if err := needCluster(t).admin.CoordinationV1().Leases(replicaNamespace).Delete(ctx, g.memberName("r0"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "r0"}, 5*testD, func(lines []string) bool { return len(lines) > 0 })
+	rec := readFeed(t, f, from, map[ha.SessionID]string{sa.ID: "r0"}, 5*testD, func(lines []string) bool { return len(lines) > 0 })
 	_, _ = stop()
 	w.o.mu.Lock()
 	e, ok := w.o.ends[identity]
@@ -196,34 +196,34 @@ func TestBackendFeedFailsOnceWhenItsHistoryExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := newKubeBackend(ug, "r1", slog.New(slog.DiscardHandler), nil, 5*time.Second)
-	_, from, err := w.list(ctx)
+	_, from, err := w.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.renew(ctx, sa.id); err != nil { // the other server took a while to start
+	if _, err := a.Renew(ctx, sa.ID); err != nil { // the other server took a while to start
 		t.Fatal(err)
 	}
-	if _, _, err := a.claim(ctx, sa.id, namesIn(g, 1, 1)); err != nil {
+	if _, _, err := a.Claim(ctx, sa.ID, namesIn(g, 1, 1)); err != nil {
 		t.Fatal(err)
 	}
 	compactEtcd(t, c, a.known(1).lease.ResourceVersion)
 
 	var wg sync.WaitGroup
-	f := w.watch(from, &wg)
+	f := w.Watch(from, &wg)
 	select {
-	case fb := <-f.batches():
-		if !errors.Is(fb.err, errHistoryExpired) {
+	case fb := <-f.Batches():
+		if !errors.Is(fb.Err, errHistoryExpired) {
 			t.Errorf("the feed from a compacted listing delivered %+v, want errHistoryExpired", fb)
 		}
 	case <-time.After(5 * testD):
 		t.Fatal("the feed from a compacted listing delivered nothing")
 	}
 	select {
-	case fb := <-f.batches():
+	case fb := <-f.Batches():
 		t.Errorf("the feed delivered %+v after it failed", fb)
 	case <-time.After(testD / 2): // four of its ticks
 	}
-	f.stop()
+	f.Stop()
 	joined := make(chan struct{})
 	go func() { // ends with wg.Wait
 		wg.Wait()

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -92,7 +93,7 @@ func TestClaimScaleMeasurement(t *testing.T) {
 	ids := []string{"r0", "r1", "r2"}
 	var writes atomic.Int64
 	backends := map[string]*kubeBackend{}
-	sessions := map[string]seamSession{}
+	sessions := map[string]ha.Session{}
 	stops := map[string]func() (time.Time, error){}
 	feeds := map[string]context.CancelFunc{}
 	var running sync.WaitGroup
@@ -101,12 +102,12 @@ func TestClaimScaleMeasurement(t *testing.T) {
 		cfg.QPS, cfg.Burst = float32(*claimQPS), int(2**claimQPS)
 		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return writeCounter{rt: rt, n: &writes} }
 		b := backendOn(t, c, base, id, cfg)
-		s, err := b.begin(t.Context(), 0, *claimD, "digest")
+		s, err := b.Begin(t.Context(), 0, *claimD, "digest")
 		if err != nil {
 			t.Fatal(err)
 		}
 		backends[id], sessions[id] = b, s
-		stops[id] = renewing(b.live(s.id))
+		stops[id] = renewing(b.live(s.ID))
 		ctx, cancel := context.WithCancel(context.Background())
 		feeds[id] = cancel
 		running.Go(func() { _ = b.run(ctx) }) // joined by the deferred stop
@@ -139,7 +140,7 @@ func TestClaimScaleMeasurement(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		wg.Go(func() { // joined below
-			if _, _, err := backends[id].claim(context.Background(), sessions[id].id, owned[id]); err != nil {
+			if _, _, err := backends[id].Claim(context.Background(), sessions[id].ID, owned[id]); err != nil {
 				t.Errorf("%s's claim: %v", id, err)
 			}
 		})
@@ -157,7 +158,7 @@ func TestClaimScaleMeasurement(t *testing.T) {
 	t.Logf("claim scale: %d names over %d buckets, 3 replicas at %.0f writes/s each, claiming at once: all claimed in %v with %d writes (renewals included; %.1f per bucket); held: %v",
 		n, buckets, *claimQPS, took.Round(time.Millisecond), startWrites, float64(startWrites)/buckets, held)
 	for _, id := range ids {
-		if identity := backends[id].live(sessions[id].id).identity; held[identity] != len(owned[id]) {
+		if identity := backends[id].live(sessions[id].ID).identity; held[identity] != len(owned[id]) {
 			t.Errorf("%s holds %d names, owns %d", id, held[identity], len(owned[id]))
 		}
 	}
@@ -166,7 +167,7 @@ func TestClaimScaleMeasurement(t *testing.T) {
 	// observer counts r2 ended (the one whose guarded delete proved it,
 	// the other when its feed brings that delete), rewrites the buckets
 	// it owns, giving r2's names to their owners among the survivors.
-	dead := backends["r2"].live(sessions["r2"].id).identity
+	dead := backends["r2"].live(sessions["r2"].ID).identity
 	_, _ = stops["r2"]()
 	delete(stops, "r2")
 	feeds["r2"]()
@@ -187,7 +188,7 @@ func TestClaimScaleMeasurement(t *testing.T) {
 			}
 			proved[k] = time.Since(crashed)
 			var err error
-			wrote[k], err = b.takeOver(context.Background(), sessions[id].id, func(nm string) string { return scaleOwner(nm, survivors) })
+			wrote[k], err = b.takeOver(context.Background(), sessions[id].ID, func(nm string) string { return scaleOwner(nm, survivors) })
 			if err != nil {
 				t.Errorf("%s's takeOver: %v", id, err)
 			}
@@ -247,19 +248,19 @@ func TestBackendClaimCostsOneWritePerBucket(t *testing.T) {
 	for i := range names {
 		names[i] = fmt.Sprintf("controller-%05d", i)
 		touched[bucketOf(names[i], g.buckets)] = true
-		bytes -= b.claimCost(names[i])
+		bytes -= b.ClaimCost(names[i])
 	}
 	if bytes < 0 {
 		t.Fatalf("%d names take %d bytes more than the batch declared", most, -bytes)
 	}
 	writes.Store(0) // the member Lease's create
-	got, _, err := b.claim(t.Context(), s.id, names)
+	got, _, err := b.Claim(t.Context(), s.ID, names)
 	if err != nil {
 		t.Fatalf("claim of %d names: %v", len(names), err)
 	}
 	ours := 0
 	for _, c := range got {
-		if c.ok {
+		if c.Mine {
 			ours++
 		}
 	}
@@ -272,7 +273,7 @@ func TestBackendClaimCostsOneWritePerBucket(t *testing.T) {
 }
 
 // A claim whose names would overflow a bucket's annotation
-// (maxClaimsBytes) fails with errTooLarge and writes nothing, so that
+// (maxClaimsBytes) fails with ha.ErrTooLarge and writes nothing, so that
 // ha's shared part halves the batch; half of it fits, and is claimed.
 func TestBackendClaimTooLargeForABucket(t *testing.T) {
 	t.Parallel()
@@ -283,7 +284,7 @@ func TestBackendClaimTooLargeForABucket(t *testing.T) {
 	g := newTestGroupOf(t, c, 4, 15*time.Second, nil)
 	b := backendOn(t, c, g, "r0", replicaConfig(c, nil))
 	s := beginOn(t, b)
-	defer func() { _ = b.end(context.Background(), s.id) }()
+	defer func() { _ = b.End(context.Background(), s.ID) }()
 	var names []string // names of bucket 0 that barely compress: 300 KB
 	for len(names) < 1500 {
 		n := ""
@@ -294,19 +295,19 @@ func TestBackendClaimTooLargeForABucket(t *testing.T) {
 			names = append(names, n)
 		}
 	}
-	if got, _, err := b.claim(t.Context(), s.id, names); !errors.Is(err, errTooLarge) {
-		t.Fatalf("claim of %d names of 200 bytes in one bucket = %d answers, %v; want errTooLarge", len(names), len(got), err)
+	if got, _, err := b.Claim(t.Context(), s.ID, names); !errors.Is(err, ha.ErrTooLarge) {
+		t.Fatalf("claim of %d names of 200 bytes in one bucket = %d answers, %v; want ha.ErrTooLarge", len(names), len(got), err)
 	}
 	if _, err := c.admin.CoordinationV1().Leases(replicaNamespace).Get(t.Context(), g.bucketName(0), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("after the refused claim, reading its bucket: %v; want it absent, never written", err)
 	}
 	// Renewed first, as the replica's renewals would: on a loaded machine
 	// the refused claim can take the session's whole validity.
-	if _, err := b.renew(t.Context(), s.id); err != nil {
+	if _, err := b.Renew(t.Context(), s.ID); err != nil {
 		t.Fatalf("renew: %v", err)
 	}
 	half := names[:len(names)/2]
-	if got, _, err := b.claim(t.Context(), s.id, half); err != nil || len(got) != len(half) {
+	if got, _, err := b.Claim(t.Context(), s.ID, half); err != nil || len(got) != len(half) {
 		t.Errorf("claim of half of them = %d answers, %v; want all %d", len(got), err, len(half))
 	}
 }

@@ -76,7 +76,7 @@ type changeResult struct {
 // (errMalformedClaims) is left as it is.
 //
 // A session that is lost or ended reads and writes nothing
-// (errSessionLost, errSessionEnded), as far as it knows before each read
+// (errSessionLost, ha.ErrSessionEnded), as far as it knows before each read
 // and before each write: a session lost
 // while its write is in flight (an observer deleted its member Lease in
 // between) may still have its entry written. So the caller, the shared

@@ -21,9 +21,9 @@ import (
 )
 
 // beginOn begins a session of b's member, or fails the test.
-func beginOn(t *testing.T, b *kubeBackend) seamSession {
+func beginOn(t *testing.T, b *kubeBackend) ha.Session {
 	t.Helper()
-	s, err := b.begin(t.Context(), 0, testD, "digest")
+	s, err := b.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatalf("begin %s: %v", b.id, err)
 	}
@@ -31,9 +31,9 @@ func beginOn(t *testing.T, b *kubeBackend) seamSession {
 }
 
 // keepRenewing renews session s of b every D/4 until the test ends.
-func keepRenewing(t *testing.T, b *kubeBackend, s seamSession) {
+func keepRenewing(t *testing.T, b *kubeBackend, s ha.Session) {
 	t.Helper()
-	stop := renewing(b.live(s.id))
+	stop := renewing(b.live(s.ID))
 	t.Cleanup(func() { _, _ = stop() })
 }
 
@@ -57,10 +57,10 @@ func TestReviewTakeOverLeavesTheWritersOwnNames(t *testing.T) {
 		i++
 	}
 	n := namesIn(g, i, 1)[0]
-	if got, _, err := x.claim(t.Context(), sx.id, []string{n}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := x.Claim(t.Context(), sx.ID, []string{n}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("x's claim of %s = %+v, %v", n, got, err)
 	}
-	xIdentity, aIdentity := x.live(sx.id).identity, a.live(sa.id).identity
+	xIdentity, aIdentity := x.live(sx.ID).identity, a.live(sa.ID).identity
 	keepRenewing(t, a, sa)
 	keepRenewing(t, other, sc)
 	// x crashes: a's observer proves it ended. Then a's feed stops, so
@@ -80,13 +80,13 @@ func TestReviewTakeOverLeavesTheWritersOwnNames(t *testing.T) {
 	if stale == nil || stale.lease == nil {
 		t.Fatalf("a's feed brought no version of bucket %d", i)
 	}
-	if got, _, err := a.claim(t.Context(), sa.id, []string{n}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := a.Claim(t.Context(), sa.ID, []string{n}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("a's claim of crashed x's %s = %+v, %v; want ours", n, got, err)
 	}
 	a.mu.Lock()
 	a.buckets[i] = *stale // the version takeOver plans from: before a's claim landed
 	a.mu.Unlock()
-	if _, err := a.takeOver(t.Context(), sa.id, func(string) string { return "c" }); err != nil {
+	if _, err := a.takeOver(t.Context(), sa.ID, func(string) string { return "c" }); err != nil {
 		t.Fatalf("takeOver: %v", err)
 	}
 	if claims, _ := bucketNow(t, c, g, i); claims[n].session != aIdentity {
@@ -97,7 +97,7 @@ func TestReviewTakeOverLeavesTheWritersOwnNames(t *testing.T) {
 // begin from prev moves the member record, and prev's holdings go with
 // prev at once, as end's would: the shared part begins from prev only
 // once every controller of prev terminated, and its end of prev that
-// follows answers errSessionEnded. Another replica then claims a name
+// follows answers ha.ErrSessionEnded. Another replica then claims a name
 // prev held at once, not D after its observer found prev's Lease gone.
 func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
 	t.Parallel()
@@ -105,21 +105,21 @@ func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
 	st := newKubeStore(t, c)
 	a, s1 := kubeBegin(t, st, "r0")
 	x := namesIn(st.g, 0, 1)[0]
-	if got, _, err := a.claim(t.Context(), s1.id, []string{x}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := a.Claim(t.Context(), s1.ID, []string{x}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim of %s = %+v, %v", x, got, err)
 	}
-	s2, err := a.begin(t.Context(), s1.id, testD, "digest")
+	s2, err := a.Begin(t.Context(), s1.ID, testD, "digest")
 	if err != nil {
 		t.Fatalf("begin from prev: %v", err)
 	}
-	defer func() { _ = a.end(t.Context(), s2.id) }()
-	if err := a.end(t.Context(), s1.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("end of prev after begin moved the record: %v, want errSessionEnded", err)
+	defer func() { _ = a.End(t.Context(), s2.ID) }()
+	if err := a.End(t.Context(), s1.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("end of prev after begin moved the record: %v, want ha.ErrSessionEnded", err)
 	}
 	b, sb := kubeBegin(t, st, "r1")
-	defer func() { _ = b.end(t.Context(), sb.id) }()
-	got, _, err := b.claim(t.Context(), sb.id, []string{x})
-	if err != nil || len(got) != 1 || !got[0].ok {
+	defer func() { _ = b.End(t.Context(), sb.ID) }()
+	got, _, err := b.Claim(t.Context(), sb.ID, []string{x})
+	if err != nil || len(got) != 1 || !got[0].Mine {
 		claims, _ := bucketNow(t, c, st.g, 0)
 		t.Errorf("r1's claim of %s, which r0's previous session held, right after r0 began from it = %+v, %v; want ours (bucket: %v)", x, got, err, claims)
 	}
@@ -129,22 +129,22 @@ func TestReviewBeginFromPrevLetsPrevsNamesGo(t *testing.T) {
 // held of held+more names of bucket 0 (all returned), and returns once
 // r0 paused: it never renews, and the store's watcher proved its
 // session ended (deleted its member Lease). got is the claim's answer.
-func pausedHolder(t *testing.T, c *cluster, held, more int) (st kubeStore, a *kubeBackend, sa seamSession, names []string, got []claimed) {
+func pausedHolder(t *testing.T, c *cluster, held, more int) (st kubeStore, a *kubeBackend, sa ha.Session, names []string, got []ha.Claimed) {
 	t.Helper()
 	st = newKubeStore(t, c)
 	a, sa = kubeBegin(t, st, "r0")
 	names = namesIn(st.g, 0, held+more)
-	got, _, err := a.claim(t.Context(), sa.id, names[:held])
+	got, _, err := a.Claim(t.Context(), sa.ID, names[:held])
 	if err != nil || len(got) != held {
 		t.Fatalf("claim of %v = %+v, %v", names[:held], got, err)
 	}
 	for _, g := range got {
-		if !g.ok {
+		if !g.Mine {
 			t.Fatalf("claim of %v = %+v, want all ours", names[:held], got)
 		}
 	}
 	waitFor(t, 3*testD, "the watcher deletes r0's member Lease", func() bool {
-		_, found, err := a.memberSession(t.Context())
+		_, found, err := a.MemberSession(t.Context())
 		return err == nil && !found
 	})
 	return st, a, sa, names, got
@@ -161,15 +161,15 @@ func TestReviewPausedClaimerWritesNothingAfterTheProof(t *testing.T) {
 	t.Parallel()
 	c := needCluster(t)
 	st, a, sa, names, _ := pausedHolder(t, c, 1, 2)
-	identity := a.live(sa.id).identity
+	identity := a.live(sa.ID).identity
 	// Another replica writes the bucket since.
 	b, sb := kubeBegin(t, st, "r1")
-	defer func() { _ = b.end(t.Context(), sb.id) }()
-	if got, _, err := b.claim(t.Context(), sb.id, names[1:2]); err != nil || len(got) != 1 || !got[0].ok {
+	defer func() { _ = b.End(t.Context(), sb.ID) }()
+	if got, _, err := b.Claim(t.Context(), sb.ID, names[1:2]); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("r1's claim of %s = %+v, %v", names[1], got, err)
 	}
 	// r0 wakes and claims.
-	got, _, err := a.claim(t.Context(), sa.id, names[2:])
+	got, _, err := a.Claim(t.Context(), sa.ID, names[2:])
 	if err == nil {
 		t.Errorf("r0's claim after its session was proven ended = %+v; want refused", got)
 	}
@@ -206,32 +206,32 @@ func (r *slowReads) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// timeLeft of a live session is never errSessionEnded, however its read
+// TimeLeft of a live session is never ha.ErrSessionEnded, however its read
 // and the session's own renewal interleave: here the read is answered
 // with the version before a renewal, and the renewal is answered before
-// timeLeft compares that version with the session's last write.
+// TimeLeft compares that version with the session's last write.
 func TestReviewTimeLeftDuringARenewalIsNotEnded(t *testing.T) {
 	slow := &slowReads{}
 	b := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { slow.rt = rt; return slow })
 	s := beginOn(t, b)
-	defer func() { _ = b.end(t.Context(), s.id) }()
+	defer func() { _ = b.End(t.Context(), s.ID) }()
 	slow.delay.Store(int64(time.Second))
 	left := make(chan error, 1)
-	go func() { _, _, err := b.timeLeft(t.Context(), s.id); left <- err }() // joined below
+	go func() { _, _, err := b.TimeLeft(t.Context(), s.ID); left <- err }() // joined below
 	// The read is answered, and held back; the renewal is not.
 	time.Sleep(testD / 8)
-	if _, err := b.renew(t.Context(), s.id); err != nil {
+	if _, err := b.Renew(t.Context(), s.ID); err != nil {
 		t.Fatalf("renew: %v", err)
 	}
 	if err := <-left; err != nil {
-		t.Errorf("timeLeft of a live session read just before its renewal: %v, want its time left", err)
+		t.Errorf("TimeLeft of a live session read just before its renewal: %v, want its time left", err)
 	}
 }
 
 // A replica paused past its session's proven end, whose names another
 // replica took meanwhile, wakes, ends its session and releases a
 // holding of it: neither touches the newer holding of the name, which is
-// at a later position. Its end answers errSessionEnded and writes
+// at a later position. Its end answers ha.ErrSessionEnded and writes
 // nothing: its entries left are free to the others, whose observers
 // count the session ended (an end's removal could otherwise reach an
 // observer that does not yet, as several deletions at one position,
@@ -241,37 +241,37 @@ func TestReviewLateReleaseAndEndLeaveNewerHoldings(t *testing.T) {
 	c := needCluster(t)
 	st, a, sa, names, got := pausedHolder(t, c, 2, 0)
 	x, y := names[0], names[1]
-	old := ha.Claim{Name: x, Revision: kubeClaimedBy(got)[x].rev}
-	identity := a.live(sa.id).identity
+	old := ha.Claim{Name: x, Revision: kubeClaimedBy(got)[x].Revision}
+	identity := a.live(sa.ID).identity
 	// r1 takes x.
 	b, sb := kubeBegin(t, st, "r1")
 	keepRenewing(t, b, sb)
-	var taken claimed
+	var taken ha.Claimed
 	waitFor(t, 3*testD, "r1 takes x from r0's ended session", func() bool {
-		got, _, err := b.claim(t.Context(), sb.id, []string{x})
-		if err == nil && len(got) == 1 && got[0].ok {
+		got, _, err := b.Claim(t.Context(), sb.ID, []string{x})
+		if err == nil && len(got) == 1 && got[0].Mine {
 			taken = got[0]
 		}
-		return taken.ok
+		return taken.Mine
 	})
-	if taken.rev <= old.Revision {
-		t.Errorf("r1's holding of %s at position %d, r0's was at %d: want a later one", x, taken.rev, old.Revision)
+	if taken.Revision <= old.Revision {
+		t.Errorf("r1's holding of %s at position %d, r0's was at %d: want a later one", x, taken.Revision, old.Revision)
 	}
 	// r0 wakes, its version of the bucket the one it wrote.
-	if err := a.end(t.Context(), sa.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("r0's late end: %v, want errSessionEnded", err)
+	if err := a.End(t.Context(), sa.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("r0's late end: %v, want ha.ErrSessionEnded", err)
 	}
-	if err := a.release(t.Context(), old); err != nil {
+	if err := a.Release(t.Context(), old); err != nil {
 		t.Errorf("r0's late release: %v", err)
 	}
 	claims, _ := bucketNow(t, c, st.g, 0)
-	if e, ok := claims[x]; !ok || e.session != b.live(sb.id).identity || e.token != taken.token {
-		t.Errorf("after r0's late release and end, %s is %+v (held %v); want r1's holding, token %d", x, e, ok, taken.token)
+	if e, ok := claims[x]; !ok || e.session != b.live(sb.ID).identity || e.token != taken.Token {
+		t.Errorf("after r0's late release and end, %s is %+v (held %v); want r1's holding, token %d", x, e, ok, taken.Token)
 	}
 	if e := claims[y]; e.session != identity {
 		t.Errorf("after r0's late end, %s is %+v; want r0's entry left as it was", y, e)
 	}
-	if got, _, err := b.claim(t.Context(), sb.id, []string{y}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := b.Claim(t.Context(), sb.ID, []string{y}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Errorf("r1's claim of %s, left by r0's ended session = %+v, %v; want r1's", y, got, err)
 	}
 }
@@ -300,14 +300,14 @@ func TestReviewBeginFromPrevKeepsPrevOnATransientError(t *testing.T) {
 	b := backendThrough(t, func(rt http.RoundTripper) http.RoundTripper { fail.rt = rt; return fail })
 	s1 := beginOn(t, b)
 	fail.n.Store(1)
-	if _, err := b.begin(t.Context(), s1.id, testD, "digest"); err == nil {
+	if _, err := b.Begin(t.Context(), s1.ID, testD, "digest"); err == nil {
 		t.Fatal("begin from prev whose delete failed: no error")
 	}
-	s2, err := b.begin(t.Context(), s1.id, testD, "digest")
+	s2, err := b.Begin(t.Context(), s1.ID, testD, "digest")
 	if err != nil {
 		t.Fatalf("begin from prev again, at once: %v", err)
 	}
-	_ = b.end(t.Context(), s2.id)
+	_ = b.End(t.Context(), s2.ID)
 }
 
 // lateRenewals makes the next renewal (a PUT of a member Lease), once
@@ -364,12 +364,12 @@ func TestReviewLateRenewalCountsFromItsCommit(t *testing.T) {
 	sa := beginOn(t, a)
 	w := replicaBackend(t, a.g, "r1")
 	f, from := watchFrom(t, w)
-	if _, err := a.renew(ctx, sa.id); err != nil {
+	if _, err := a.Renew(ctx, sa.ID); err != nil {
 		t.Fatalf("renew: %v", err)
 	}
-	s := a.live(sa.id)
+	s := a.live(sa.ID)
 	late.armed.Store(true)
-	if _, err := a.renew(ctx, sa.id); err == nil || errors.Is(err, errSessionEnded) {
+	if _, err := a.Renew(ctx, sa.ID); err == nil || errors.Is(err, ha.ErrSessionEnded) {
 		t.Fatalf("the renewal given up on: %v; want a transient error", err)
 	}
 	sent := <-late.sent
@@ -382,15 +382,15 @@ func TestReviewLateRenewalCountsFromItsCommit(t *testing.T) {
 	if !valid.Before(sent.Add(testD)) {
 		t.Fatalf("the holder's validity %v after the late renewal went out; want it counted from its last answered renewal", valid.Sub(sent))
 	}
-	rec := readFeed(t, f, from, map[sessionID]string{sa.id: "r0"}, 5*testD, func(lines []string) bool {
+	rec := readFeed(t, f, from, map[ha.SessionID]string{sa.ID: "r0"}, 5*testD, func(lines []string) bool {
 		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "gone r0")
 	})
 	sameLines(t, "the feed", rec.lines, "gone r0")
 	if end := rec.when[len(rec.when)-1]; end.Before(sent.Add(testD)) {
 		t.Errorf("r0's end came %v after its late renewal went out: before D", end.Sub(sent))
 	}
-	if _, err := a.renew(ctx, sa.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("renew after the late renewal and the end: %v, want errSessionEnded", err)
+	if _, err := a.Renew(ctx, sa.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("renew after the late renewal and the end: %v, want ha.ErrSessionEnded", err)
 	}
 }
 
@@ -406,17 +406,17 @@ func TestReviewLateRenewalIsTheSessionsOwn(t *testing.T) {
 	ctx := t.Context()
 	sa := beginOn(t, a)
 	late.armed.Store(true)
-	if _, err := a.renew(ctx, sa.id); err == nil || errors.Is(err, errSessionEnded) {
+	if _, err := a.Renew(ctx, sa.ID); err == nil || errors.Is(err, ha.ErrSessionEnded) {
 		t.Fatalf("the renewal given up on: %v; want a transient error", err)
 	}
 	<-late.sent
 	if err := <-late.answered; err != nil {
 		t.Fatalf("the late renewal: %v", err)
 	}
-	if written, err := a.putMember(ctx, sa.id, "digest", true); err != nil || !written {
-		t.Fatalf("putMember after a late renewal landed: %v, %v; want written, the session its own", written, err)
+	if written, err := a.PutMember(ctx, sa.ID, "digest", true); err != nil || !written {
+		t.Fatalf("PutMember after a late renewal landed: %v, %v; want written, the session its own", written, err)
 	}
-	if _, err := a.renew(ctx, sa.id); err != nil {
+	if _, err := a.Renew(ctx, sa.ID); err != nil {
 		t.Fatalf("renew after: %v", err)
 	}
 	if got := memberAnnotationNow(t, kubeStore{g: a.g}, "r0"); !strings.Contains(got, "(leaving)") {
@@ -425,7 +425,7 @@ func TestReviewLateRenewalIsTheSessionsOwn(t *testing.T) {
 
 	// An end mark whose answer was lost, but which landed: nothing goes
 	// on past it.
-	s := a.live(sa.id)
+	s := a.live(sa.ID)
 	late.armed.Store(true)
 	if err := s.markEnded(ctx); err == nil {
 		t.Fatalf("the mark given up on answered nil")
@@ -434,7 +434,7 @@ func TestReviewLateRenewalIsTheSessionsOwn(t *testing.T) {
 	if err := <-late.answered; err != nil {
 		t.Fatalf("the late mark: %v", err)
 	}
-	if _, err := a.renew(ctx, sa.id); !errors.Is(err, errSessionEnded) {
-		t.Errorf("renew after the session's end mark landed: %v, want errSessionEnded", err)
+	if _, err := a.Renew(ctx, sa.ID); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("renew after the session's end mark landed: %v, want ha.ErrSessionEnded", err)
 	}
 }

@@ -37,24 +37,24 @@ func TestRestartReviewRunAloneProvesItsEarlierSessionEnded(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroup(t, c, 4, nil)
 	earlier := newKubeBackend(otherReplica(t, c, g, nil), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
-	s, err := earlier.begin(t.Context(), 0, testD, "digest")
+	s, err := earlier.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	renewed := time.Now()
-	if _, err := earlier.renew(t.Context(), s.id); err != nil { // its last: it crashes after it
+	if _, err := earlier.Renew(t.Context(), s.ID); err != nil { // its last: it crashes after it
 		t.Fatal(err)
 	}
 	tp := &tap{}
 	later := newKubeBackend(otherReplica(t, c, g, tp), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
 	var first time.Time
 	for {
-		left, _, err := later.timeLeft(t.Context(), s.id)
+		left, _, err := later.TimeLeft(t.Context(), s.ID)
 		now := time.Now()
 		if first.IsZero() {
 			first = now
 		}
-		if errors.Is(err, errSessionEnded) {
+		if errors.Is(err, ha.ErrSessionEnded) {
 			if now.Before(renewed.Add(testD)) {
 				t.Errorf("ended %v before the earlier run's validity ran out", renewed.Add(testD).Sub(now))
 			}
@@ -113,7 +113,7 @@ func TestRestartReviewSessionDeletedByAnotherObserverAtTheProofIsNoRenewal(t *te
 	c := needCluster(t)
 	g := newTestGroup(t, c, 4, nil)
 	earlier := newKubeBackend(otherReplica(t, c, g, nil), "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
-	s, err := earlier.begin(t.Context(), 0, testD, "digest")
+	s, err := earlier.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestRestartReviewSessionDeletedByAnotherObserverAtTheProofIsNoRenewal(t *te
 	later := newKubeBackend(lg, "r0", slog.New(slog.DiscardHandler), nil, 5*time.Second)
 
 	sent := time.Now()
-	left, _, err := later.timeLeft(t.Context(), s.id)
+	left, _, err := later.TimeLeft(t.Context(), s.ID)
 	if err != nil {
 		t.Fatalf("the first reading: %v", err)
 	}
@@ -131,13 +131,13 @@ func TestRestartReviewSessionDeletedByAnotherObserverAtTheProofIsNoRenewal(t *te
 	time.Sleep(time.Until(end) + 50*time.Millisecond)
 	rd.armed.Store(true) // the reading's own read is answered, then the other observer's delete lands
 	sent = time.Now()
-	left, _, err = later.timeLeft(t.Context(), s.id)
+	left, _, err = later.TimeLeft(t.Context(), s.ID)
 	switch {
-	case errors.Is(err, errSessionEnded):
+	case errors.Is(err, ha.ErrSessionEnded):
 	case err != nil:
 		t.Fatalf("the reading at the proof: %v", err)
 	case sent.Add(left).After(end.Add(time.Second)):
-		t.Errorf("the reading at the proof, the Lease deleted by another observer meanwhile, answered %v left: an end %v later than the first reading's, which ha counts as a renewal of a live duplicate; want errSessionEnded",
+		t.Errorf("the reading at the proof, the Lease deleted by another observer meanwhile, answered %v left: an end %v later than the first reading's, which ha counts as a renewal of a live duplicate; want ha.ErrSessionEnded",
 			left.Round(time.Millisecond), sent.Add(left).Sub(end).Round(time.Millisecond))
 	}
 	if rd.armed.Load() {
@@ -199,7 +199,7 @@ func TestRestartReviewJoinAfterALateWriteAndARacingProofIsNoDuplicate(t *testing
 	c := needCluster(t)
 	g := newTestGroupOf(t, c, 16, d, nil)
 	earlier := newKubeBackend(g, "r", slog.New(slog.DiscardHandler), nil, 5*time.Second)
-	s, err := earlier.begin(t.Context(), 0, d, "")
+	s, err := earlier.Begin(t.Context(), 0, d, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,12 +232,12 @@ func TestRestartReviewJoinAfterALateWriteAndARacingProofIsNoDuplicate(t *testing
 		defer mg.mu.Unlock()
 		return slices.Clone(mg.recv)
 	}
-	for len(gets()) < 2 { // memberSession, then the first reading (TimeLeft)
+	for len(gets()) < 2 { // MemberSession, then the first reading (TimeLeft)
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(time.Until(gets()[1].Add(1600 * time.Millisecond)))
 	wrote := time.Now()
-	if _, err := earlier.renew(t.Context(), s.id); err != nil { // the late write
+	if _, err := earlier.Renew(t.Context(), s.ID); err != nil { // the late write
 		t.Fatal(err)
 	}
 	var restamped time.Time // the reading that saw the late write first
@@ -339,11 +339,11 @@ func TestRestartReviewLeaseDeletedByHandStartsNoNameEarly(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroupOf(t, c, 16, d, nil)
 	earlier := newKubeBackend(g, "r", slog.New(slog.DiscardHandler), nil, 5*time.Second)
-	s, err := earlier.begin(t.Context(), 0, d, "")
+	s, err := earlier.Begin(t.Context(), 0, d, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := earlier.claim(t.Context(), s.id, []string{"job"}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := earlier.Claim(t.Context(), s.ID, []string{"job"}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("the earlier run's claim of job: %v, %v", got, err)
 	}
 	admin := c.admin.CoordinationV1().Leases(replicaNamespace)
@@ -382,13 +382,13 @@ func TestRestartReviewLeaseDeletedByHandStartsNoNameEarly(t *testing.T) {
 		mg.mu.Lock()
 		n := len(mg.recv)
 		mg.mu.Unlock()
-		if n >= 2 { // memberSession, then the first reading, which stamps the version
+		if n >= 2 { // MemberSession, then the first reading, which stamps the version
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	renewed := time.Now()
-	if _, err := earlier.renew(t.Context(), s.id); err != nil { // its last: then it freezes
+	if _, err := earlier.Renew(t.Context(), s.ID); err != nil { // its last: then it freezes
 		t.Fatal(err)
 	}
 	if err := admin.Delete(t.Context(), g.memberName("r"), metav1.DeleteOptions{}); err != nil {

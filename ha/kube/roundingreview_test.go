@@ -36,7 +36,7 @@ func TestRoundingReviewIdleFeedOwesProgress(t *testing.T) {
 	}
 }
 
-// peerLeft of a silent session is never short (Rounding 0), but a
+// PeerLeft of a silent session is never short (Rounding 0), but a
 // renewal the reader's observer has not seen yet (its feed stalled, or
 // merely not there yet) is not counted: the reading puts the end at the
 // stamp of the version before it, short of the holder's validity by up
@@ -44,31 +44,31 @@ func TestRoundingReviewIdleFeedOwesProgress(t *testing.T) {
 // fence (TTL − Margin, Margin TTL/4, from the renewal's send). So no
 // name may be freed on a reading on this store
 // (TestRoundingReviewShortReadingStartsNoNameEarly), and ha's hold
-// after a reading is not what keeps such a holder safe (seam.Rounding).
+// after a reading is not what keeps such a holder safe (kubeBackend.Rounding).
 func TestRoundingReviewPeerLeftIsShortOfAnUnseenRenewal(t *testing.T) {
 	t.Parallel()
 	_, a, sa, b := pairOf(t, "d")
 	ctx := t.Context()
-	if _, _, err := b.peerLeft(ctx, sa.id); err != nil { // stamps a's Lease (a listing)
+	if _, _, err := b.PeerLeft(ctx, sa.ID); err != nil { // stamps a's Lease (a listing)
 		t.Fatal(err)
 	}
 	time.Sleep(testD / 2)
 	called := time.Now()
-	valid, err := a.renew(ctx, sa.id)
+	valid, err := a.Renew(ctx, sa.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fence := called.Add(valid - testD/4)
-	left, _, err := b.peerLeft(ctx, sa.id)
+	left, _, err := b.PeerLeft(ctx, sa.ID)
 	answered := time.Now()
 	if err != nil {
 		t.Fatal(err)
 	}
 	end := answered.Add(left)
 	if !end.Before(fence) {
-		t.Fatalf("peerLeft after a renewal its observer has not seen: %v left, the end %v past the holder's fence; want it short, before", left, end.Sub(fence))
+		t.Fatalf("PeerLeft after a renewal its observer has not seen: %v left, the end %v past the holder's fence; want it short, before", left, end.Sub(fence))
 	}
-	t.Logf("peerLeft after a renewal its observer has not seen: %v left, the end %v short of the holder's validity, %v before its fence",
+	t.Logf("PeerLeft after a renewal its observer has not seen: %v left, the end %v short of the holder's validity, %v before its fence",
 		left, called.Add(valid).Sub(end).Round(time.Millisecond), fence.Sub(end).Round(time.Millisecond))
 }
 
@@ -83,21 +83,21 @@ func TestRoundingReviewShortReadingStartsNoNameEarly(t *testing.T) {
 	t.Parallel()
 	g, a, sa, b := pairOf(t, "d")
 	ctx := t.Context()
-	if got, _, err := a.claim(ctx, sa.id, []string{"x"}); err != nil || len(got) != 1 || !got[0].ok {
+	if got, _, err := a.Claim(ctx, sa.ID, []string{"x"}); err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim x: %+v, %v", got, err)
 	}
 	sb := mustBeginAs(t, b, "d")
-	if _, _, err := b.peerLeft(ctx, sa.id); err != nil {
+	if _, _, err := b.PeerLeft(ctx, sa.ID); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(testD / 2)
 	called := time.Now()
-	valid, err := a.renew(ctx, sa.id)
+	valid, err := a.Renew(ctx, sa.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	validUntil := called.Add(valid)
-	left, _, err := b.peerLeft(ctx, sa.id)
+	left, _, err := b.PeerLeft(ctx, sa.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestRoundingReviewShortReadingStartsNoNameEarly(t *testing.T) {
 		defer close(drained)
 		for {
 			select {
-			case <-f.batches():
+			case <-f.Batches():
 			case <-ctx.Done():
 				return
 			}
@@ -119,14 +119,14 @@ func TestRoundingReviewShortReadingStartsNoNameEarly(t *testing.T) {
 	}()
 	t.Cleanup(func() { <-drained })
 	for deadline := time.Now().Add(4 * testD); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if _, err := b.renew(ctx, sb.id); err != nil {
+		if _, err := b.Renew(ctx, sb.ID); err != nil {
 			t.Fatalf("renew the reader: %v", err)
 		}
-		got, _, err := b.claim(ctx, sb.id, []string{"x"})
+		got, _, err := b.Claim(ctx, sb.ID, []string{"x"})
 		if err != nil {
 			continue
 		}
-		if len(got) == 1 && got[0].ok {
+		if len(got) == 1 && got[0].Mine {
 			if at := time.Now(); at.Before(validUntil) {
 				t.Fatalf("the reader took x %v before the holder's validity ran out", validUntil.Sub(at))
 			} else {
@@ -167,7 +167,7 @@ func (b slowBody) Read(p []byte) (int, error) {
 // reader's feed comes 100ms late: its first PeerLeft, right after the
 // renewal, must not come before the feed shows the renewal, or it puts
 // the end at the reader's listing's stamp, before the renewal's send + D
-// (peerLeft is short of a renewal its observer has not seen:
+// (PeerLeft is short of a renewal its observer has not seen:
 // TestRoundingReviewPeerLeftIsShortOfAnUnseenRenewal). Without the wait
 // the case fails so on this store whenever its feed is slower than a
 // GET.

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,18 +42,13 @@ const (
 // writes at most.
 const defaultBuckets = 256
 
-// errDuplicateSession is begin's answer when a member Lease of that ID
-// exists: another session of the ID is alive, or not yet proven ended (an
-// observer deletes its Lease once it has seen it unchanged for its
-// duration; begin succeeds after that).
-var errDuplicateSession = errors.New("kube: a session of this member ID exists and is not proven ended")
-
 // errSessionLost is the answer of a write to the member Lease that the
 // server refused because the Lease is gone (404) or was written by
 // someone else since the session's own last write (409): an observer
 // judged the session expired and deleted it, or the session's own write
 // timed out on the client and committed later. Either way the session can
-// no longer extend its validity; a new one must begin.
+// no longer extend its validity; a new one must begin. The backend
+// answers ha.ErrSessionEnded for it (kubeBackend.ended).
 var errSessionLost = errors.New("kube: member session lost: its Lease was deleted or written since the session's last write")
 
 // errDurationMismatch is begin's answer when another member Lease of the
@@ -83,9 +79,6 @@ const bucketsAnnotation = "ha.bgctl.dev/buckets"
 // infix the only one in a member Lease's name, for people and tools that
 // read it.
 var errReservedInfix = errors.New(`kube: "-m-" and "-b-" are reserved as the infixes of Lease names`)
-
-// errSessionEnded is the answer of renew after end succeeded.
-var errSessionEnded = errors.New("kube: member session ended")
 
 // group is one group's Leases in one namespace: the member Leases
 // <name>-m-<ID>, one per live session, and the bucket Leases
@@ -282,8 +275,9 @@ type session struct {
 // begin starts a session of member id: it creates the member Lease, and
 // answers the session and how long it is valid (sent + D, sent the time
 // the create was sent). If a member Lease of that ID exists, it answers
-// errDuplicateSession: the ID's previous session is alive or not yet
-// proven ended.
+// an error wrapping ha.ErrDuplicateID: the ID's previous session is
+// alive, or not yet proven ended (an observer deletes its Lease once it
+// has seen it unchanged for its duration; begin succeeds after that).
 //
 // After the create, it lists the group's member Leases (a quorum list),
 // and if one has a leaseDurationSeconds other than the group's D, or a
@@ -296,7 +290,7 @@ type session struct {
 // creates committed, and sees the other. A list that fails refuses the
 // session too (its Lease deleted as above). Should that delete fail as
 // well, the Lease stays until an observer proves it ended, and the ID's
-// next begin is errDuplicateSession until then.
+// next begin is ha.ErrDuplicateID until then.
 func (g *group) begin(ctx context.Context, id string) (*session, time.Time, error) {
 	return g.beginWith(ctx, id, nil)
 }
@@ -327,7 +321,7 @@ func (g *group) beginWith(ctx context.Context, id string, annotations map[string
 	l.Annotations[bucketsAnnotation] = strconv.Itoa(g.buckets)
 	created, err := g.renewals.Create(ctx, l, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		return nil, time.Time{}, fmt.Errorf("%w: %s", errDuplicateSession, name)
+		return nil, time.Time{}, fmt.Errorf("kube: %s: a session of this member ID exists and is not proven ended: %w", name, ha.ErrDuplicateID)
 	}
 	if err != nil {
 		return nil, time.Time{}, &createFailed{identity: identity, err: fmt.Errorf("kube: beginning the session of %s: %w", id, err)}
@@ -514,7 +508,7 @@ func (s *session) end(ctx context.Context) error {
 	defer s.mu.Unlock()
 	if s.state != sessionEnding {
 		if err := s.stateErrLocked(); err != nil {
-			if errors.Is(err, errSessionEnded) {
+			if errors.Is(err, ha.ErrSessionEnded) {
 				return nil
 			}
 			return err
@@ -535,7 +529,7 @@ func (s *session) end(ctx context.Context) error {
 
 // stateErr returns nil while the session has neither been lost nor
 // ended nor marked ended, as far as its own writes know, else
-// errSessionLost or errSessionEnded.
+// errSessionLost or ha.ErrSessionEnded (wrapped).
 func (s *session) stateErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -548,9 +542,9 @@ func (s *session) stateErrLocked() error {
 	case sessionLost:
 		return fmt.Errorf("%w: %s", errSessionLost, s.name)
 	case sessionEnding:
-		return fmt.Errorf("%w: %s (its end is written)", errSessionEnded, s.name)
+		return fmt.Errorf("kube: member session %s ended (its end is written): %w", s.name, ha.ErrSessionEnded)
 	case sessionEnded:
-		return fmt.Errorf("%w: %s", errSessionEnded, s.name)
+		return fmt.Errorf("kube: member session %s ended: %w", s.name, ha.ErrSessionEnded)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
@@ -373,8 +374,8 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 	stop := renewing(first)
 	seeNow(t, o, first)
 	for deadline := time.Now().Add(2 * testD); time.Now().Before(deadline); time.Sleep(testD / 8) {
-		if _, _, err := g2.begin(t.Context(), "dup"); !errors.Is(err, errDuplicateSession) {
-			t.Fatalf("begin while the first session renews: %v, want errDuplicateSession", err)
+		if _, _, err := g2.begin(t.Context(), "dup"); !errors.Is(err, ha.ErrDuplicateID) {
+			t.Fatalf("begin while the first session renews: %v, want ha.ErrDuplicateID", err)
 		}
 		if ended, err := o.expire(t.Context(), first.identity); ended || err != nil {
 			t.Fatalf("expire while the first session renews: ended %v, %v", ended, err)
@@ -409,8 +410,8 @@ func TestDuplicateSessionRefusedUntilProvenEnded(t *testing.T) {
 	if err := second.end(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := second.renew(t.Context()); !errors.Is(err, errSessionEnded) {
-		t.Fatalf("renewal after end: %v, want errSessionEnded", err)
+	if _, err := second.renew(t.Context()); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Fatalf("renewal after end: %v, want ha.ErrSessionEnded", err)
 	}
 	mustBegin(t, g, "dup")
 }

@@ -14,39 +14,28 @@ import (
 	"github.com/bgctl/controller/ha"
 )
 
-// The feed's changes reach ha as the same kinds: seamKind's values are
-// ha's ChangeKind's, one for one.
-func TestSeamKindsAreHas(t *testing.T) {
-	for k, want := range map[seamKind]ha.ChangeKind{
-		memberPut: ha.MemberPut, memberGone: ha.MemberGone, claimPut: ha.ClaimPut,
-		claimGone: ha.ClaimGone, chunkPut: ha.ChunkPut, chunkGone: ha.ChunkGone,
-	} {
-		if got := haChanges([]seamChange{{kind: k}})[0].Kind; got != want {
-			t.Errorf("seamKind %d reaches ha as %d, want %d", k, got, want)
-		}
+// The backend's errors wrap ha's sentinels where ha acts on them: a
+// session lost (its Lease deleted or written by another since its last
+// write), ended, or not live here is ha.ErrSessionEnded, the session's
+// own reason kept; a lost session's own error stays its own (the
+// backend tells the two apart: session.end, begin's end of prev).
+func TestBackendErrorsWrapHasSentinels(t *testing.T) {
+	b := newKubeBackend(&group{name: "g", buckets: 1, duration: testD}, "r0", slog.New(slog.DiscardHandler), nil, time.Second)
+	lost := &session{name: "g-m-r0", state: sessionLost}
+	b.sessions[1] = lost
+	if err := b.ended(1); !errors.Is(err, ha.ErrSessionEnded) || !errors.Is(err, errSessionLost) {
+		t.Errorf("the error of a lost session: %v, want it to wrap ha.ErrSessionEnded and errSessionLost", err)
 	}
-}
-
-// The backend's errors reach ha as the sentinels ha acts on: an ended or
-// lost session ends the epoch, a live session of the same ID refuses the
-// join, a full bucket halves the batch.
-func TestSeamErrorsWrapHasSentinels(t *testing.T) {
-	for _, tc := range []struct {
-		err, want error
-	}{
-		{errSessionEnded, ha.ErrSessionEnded},
-		{errSessionLost, ha.ErrSessionEnded},
-		{errDuplicateSession, ha.ErrDuplicateID},
-		{errClaimsTooLarge, ha.ErrTooLarge},
-		{errTooLarge, ha.ErrTooLarge},
-	} {
-		if got := seamErr(tc.err); !errors.Is(got, tc.want) || !errors.Is(got, tc.err) {
-			t.Errorf("seamErr(%v) = %v, want it to wrap %v and the cause", tc.err, got, tc.want)
-		}
+	if err := lost.stateErr(); !errors.Is(err, errSessionLost) || errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("a lost session's own error: %v, want errSessionLost alone", err)
 	}
-	other := errors.New("a timeout")
-	if got := seamErr(other); got != other {
-		t.Errorf("seamErr(%v) = %v, want it unchanged", other, got)
+	if err := b.ended(2); !errors.Is(err, ha.ErrSessionEnded) {
+		t.Errorf("the error of a session never begun here: %v, want it to wrap ha.ErrSessionEnded", err)
+	}
+	for _, state := range []sessionState{sessionEnding, sessionEnded} {
+		if err := (&session{name: "g-m-r0", state: state}).stateErr(); !errors.Is(err, ha.ErrSessionEnded) || errors.Is(err, errSessionLost) {
+			t.Errorf("the error of a session in state %d: %v, want it to wrap ha.ErrSessionEnded alone", state, err)
+		}
 	}
 }
 
@@ -82,7 +71,7 @@ func (h hangingGets) RoundTrip(req *http.Request) (*http.Response, error) {
 // a peer's session (PeerLeft) so, and retries once a call fails. A read
 // whose answer never comes must fail within the request timeout, not hold
 // the replica's rewrite of its record until its epoch ends.
-func TestSeamRequestBoundsReadsTheServerNeverAnswers(t *testing.T) {
+func TestBackendRequestBoundsReadsTheServerNeverAnswers(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroup(t, c, 4, nil)
 	var hang atomic.Bool
@@ -91,22 +80,21 @@ func TestSeamRequestBoundsReadsTheServerNeverAnswers(t *testing.T) {
 	const timeout = time.Second
 	b := newKubeBackend(groupOn(t, c, g, cfg), "r0", slog.New(slog.DiscardHandler), nil, timeout)
 	s := mustBeginAs(t, b, "d")
-	st := seam{b}
 	hang.Store(true)
 	for _, call := range []struct {
 		what string
 		do   func(ctx context.Context) error
 	}{
 		{"EnsureMember", func(ctx context.Context) error {
-			_, _, err := st.EnsureMember(ctx, ha.SessionID(s.id), "d")
+			_, _, err := b.EnsureMember(ctx, s.ID, "d")
 			return err
 		}},
 		{"PeerLeft", func(ctx context.Context) error {
-			_, _, err := st.PeerLeft(ctx, ha.SessionID(s.id)+1)
+			_, _, err := b.PeerLeft(ctx, s.ID+1)
 			return err
 		}},
 	} {
-		ctx, cancel := st.Request(t.Context())
+		ctx, cancel := b.Request(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- call.do(ctx) }() // joined below; cancel ends its request at the latest
 		select {
@@ -140,7 +128,7 @@ func (p slowPuts) RoundTrip(req *http.Request) (*http.Response, error) {
 // A Claim through Request is bounded per bucket write, not whole: a Claim
 // whose writes take longer together than one request's timeout, each
 // within it, places every name.
-func TestSeamClaimThroughRequestOutlivesOneTimeout(t *testing.T) {
+func TestBackendClaimThroughRequestOutlivesOneTimeout(t *testing.T) {
 	c := needCluster(t)
 	var delay atomic.Int64
 	cfg := replicaConfig(c, nil)
@@ -148,7 +136,6 @@ func TestSeamClaimThroughRequestOutlivesOneTimeout(t *testing.T) {
 	const timeout = 500 * time.Millisecond
 	b := newKubeBackend(groupOn(t, c, newTestGroup(t, c, 2*claimWorkers, nil), cfg), "r0", slog.New(slog.DiscardHandler), nil, timeout)
 	s := mustBeginAs(t, b, "d")
-	st := seam{b}
 	// Two names in each bucket: the first Claim creates the buckets, the
 	// second updates them, each update's answer held back.
 	var first, second []string
@@ -160,14 +147,14 @@ func TestSeamClaimThroughRequestOutlivesOneTimeout(t *testing.T) {
 			second = append(second, n)
 		}
 	}
-	if _, _, err := st.Claim(t.Context(), ha.SessionID(s.id), first); err != nil {
+	if _, _, err := b.Claim(t.Context(), s.ID, first); err != nil {
 		t.Fatal(err)
 	}
 	delay.Store(int64(timeout * 3 / 5)) // each write within the timeout; claimWorkers at a time, twice, past it
-	ctx, cancel := st.Request(t.Context())
+	ctx, cancel := b.Request(t.Context())
 	defer cancel()
 	start := time.Now()
-	got, _, err := st.Claim(ctx, ha.SessionID(s.id), second)
+	got, _, err := b.Claim(ctx, s.ID, second)
 	if err != nil {
 		t.Fatalf("Claim of %d names in as many buckets, after %v: %v; want each write bounded, not the call", len(second), time.Since(start), err)
 	}
@@ -187,28 +174,28 @@ func TestSeamClaimThroughRequestOutlivesOneTimeout(t *testing.T) {
 // lasts, so a store that kept the highest token per Key would refuse the
 // first holder's writes. A name's own tokens grow from holding to
 // holding.
-func TestSeamTokensAreScopedByName(t *testing.T) {
+func TestBackendTokensAreScopedByName(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroup(t, c, 1, nil)
 	a, sa := begunIn(t, g, "r0", "d")
 	b, sb := begunIn(t, g, "r1", "d")
-	claim := func(st seam, id sessionID, name string) ha.Claim {
+	claim := func(b *kubeBackend, id ha.SessionID, name string) ha.Claim {
 		t.Helper()
-		got, _, err := st.Claim(t.Context(), ha.SessionID(id), []string{name})
+		got, _, err := b.Claim(t.Context(), id, []string{name})
 		if err != nil || len(got) != 1 || !got[0].Mine {
 			t.Fatalf("Claim(%s) = %+v, %v; want it held", name, got, err)
 		}
 		return ha.Claim{Name: got[0].Name, Key: got[0].Key, Revision: got[0].Revision, Token: got[0].Token}
 	}
-	x := claim(seam{a}, sa.id, "x")
-	y := claim(seam{b}, sb.id, "y")
+	x := claim(a, sa.ID, "x")
+	y := claim(b, sb.ID, "y")
 	if x.Key != y.Key || y.Token <= x.Token {
 		t.Errorf("x %+v and y %+v, one bucket's: want one Key, y's token above x's", x, y)
 	}
-	if err := (seam{a}).Release(t.Context(), x); err != nil {
+	if err := a.Release(t.Context(), x); err != nil {
 		t.Fatal(err)
 	}
-	if x2 := claim(seam{b}, sb.id, "x"); x2.Token <= x.Token {
+	if x2 := claim(b, sb.ID, "x"); x2.Token <= x.Token {
 		t.Errorf("x held anew with token %d after %d; want it to grow", x2.Token, x.Token)
 	}
 }

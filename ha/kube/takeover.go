@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -223,6 +224,22 @@ func (b *kubeBackend) rememberBuckets(ctx context.Context, last time.Time) time.
 	return now
 }
 
+// TakeOver notes that the replica's ha is handing over (so that its
+// claims wait for the survivors' rewrites: awaitHandOvers), then hands
+// an ended session's names to their owners on a goroutine counted in wg,
+// one write per bucket this replica owns among the live members
+// (takeOver), each bounded by the request timeout and ctx. A failure is
+// logged at Debug: the claims that follow write what it did not.
+func (b *kubeBackend) TakeOver(ctx context.Context, id ha.SessionID, ownerOf func(name string) string, wg *sync.WaitGroup) {
+	b.noteHandOver() // counted as running from here, so that a claim that comes first waits for it
+	wg.Go(func() {
+		defer b.handOverDone()
+		if _, err := b.takeOver(ctx, id, ownerOf); err != nil {
+			b.log.Debug(fmt.Sprintf("kube: handing over the names of ended sessions: %v", err))
+		}
+	})
+}
+
 // takeOver hands the names of ended sessions to their new owners, in the
 // buckets this replica owns among the live members (bucketOwner): for
 // each, one change, by session id, giving every name of the bucket held
@@ -238,7 +255,7 @@ func (b *kubeBackend) rememberBuckets(ctx context.Context, last time.Time) time.
 // handed over by another survivor, since the version planned from) is
 // left as it is (claimChange.othersOnly). Each write is bounded by the
 // request timeout and ctx. It answers the number of buckets written.
-func (b *kubeBackend) takeOver(ctx context.Context, id sessionID, ownerOf func(name string) string) (int, error) {
+func (b *kubeBackend) takeOver(ctx context.Context, id ha.SessionID, ownerOf func(name string) string) (int, error) {
 	s := b.live(id)
 	if s == nil {
 		return 0, b.ended(id)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bgctl/controller/ha"
 	"k8s.io/client-go/rest"
 )
 
@@ -75,12 +76,12 @@ func TestBackendWritesFromTheFeedsVersion(t *testing.T) {
 	a := backendOn(t, c, g, "r0", cfg)
 	runBackend(t, a)
 	other := backendOn(t, c, g, "r1", replicaConfig(c, nil))
-	so, err := other.begin(t.Context(), 0, testD, "digest")
+	so, err := other.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := namesIn(g, 0, 4)
-	if _, _, err := other.claim(t.Context(), so.id, names[:1]); err != nil {
+	if _, _, err := other.Claim(t.Context(), so.ID, names[:1]); err != nil {
 		t.Fatal(err)
 	}
 	theirs := other.known(0).lease
@@ -88,20 +89,20 @@ func TestBackendWritesFromTheFeedsVersion(t *testing.T) {
 		k := a.known(0)
 		return k != nil && k.lease != nil && rvOf(k.lease) >= rvOf(theirs)
 	})
-	sa, err := a.begin(t.Context(), 0, testD, "digest")
+	sa, err := a.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	reads.Store(0)
-	got, _, err := a.claim(t.Context(), sa.id, names[1:2])
-	if err != nil || len(got) != 1 || !got[0].ok {
+	got, _, err := a.Claim(t.Context(), sa.ID, names[1:2])
+	if err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim from the feed's version = %+v, %v", got, err)
 	}
 	if n := reads.Load(); n != 0 {
 		t.Errorf("claim of a bucket the feed brought read it %d times, want none", n)
 	}
 	// Behind: r0 knows bucket 0 as r1's first write left it.
-	if _, _, err := other.claim(t.Context(), so.id, names[2:3]); err != nil {
+	if _, _, err := other.Claim(t.Context(), so.ID, names[2:3]); err != nil {
 		t.Fatal(err)
 	}
 	// Once r0's feed brought that write, it brings nothing more of bucket
@@ -115,8 +116,8 @@ func TestBackendWritesFromTheFeedsVersion(t *testing.T) {
 	a.buckets[0] = known{lease: theirs}
 	a.mu.Unlock()
 	reads.Store(0)
-	got, _, err = a.claim(t.Context(), sa.id, names[3:4])
-	if err != nil || len(got) != 1 || !got[0].ok {
+	got, _, err = a.Claim(t.Context(), sa.ID, names[3:4])
+	if err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("claim from a version behind = %+v, %v", got, err)
 	}
 	if n := reads.Load(); n != 1 {
@@ -132,7 +133,7 @@ func TestBackendRefusesAnotherBucketCount(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroup(t, c, 4, nil)
 	first := backendOn(t, c, g, "r0", replicaConfig(c, nil))
-	if _, err := first.begin(t.Context(), 0, testD, "digest"); err != nil {
+	if _, err := first.Begin(t.Context(), 0, testD, "digest"); err != nil {
 		t.Fatal(err)
 	}
 	wider, err := newGroup(nil, nil, g.name, 8, testD)
@@ -140,11 +141,11 @@ func TestBackendRefusesAnotherBucketCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	second := backendOn(t, c, wider, "r1", replicaConfig(c, nil))
-	_, err = second.begin(t.Context(), 0, testD, "digest")
+	_, err = second.Begin(t.Context(), 0, testD, "digest")
 	if !errors.Is(err, errBucketCount) || !strings.Contains(err.Error(), g.memberName("r0")+" has 4 buckets") {
 		t.Fatalf("begin with 8 buckets beside a member with 4: %v, want errBucketCount naming it", err)
 	}
-	if _, found, err := second.memberSession(t.Context()); err != nil || found {
+	if _, found, err := second.MemberSession(t.Context()); err != nil || found {
 		t.Errorf("the refused member's Lease: found %v, %v; want none", found, err)
 	}
 }
@@ -160,20 +161,20 @@ func TestBackendTakeOverSplitsTheBucketsOverTheSurvivors(t *testing.T) {
 	g := newTestGroup(t, c, 16, nil)
 	ids := []string{"r0", "r1", "r2"}
 	backends := map[string]*kubeBackend{}
-	sessions := map[string]seamSession{}
+	sessions := map[string]ha.Session{}
 	identities := map[string]string{}
 	for _, id := range ids {
 		b := backendOn(t, c, g, id, replicaConfig(c, nil))
-		s, err := b.begin(t.Context(), 0, testD, "digest")
+		s, err := b.Begin(t.Context(), 0, testD, "digest")
 		if err != nil {
 			t.Fatal(err)
 		}
-		backends[id], sessions[id], identities[id] = b, s, b.live(s.id).identity
+		backends[id], sessions[id], identities[id] = b, s, b.live(s.ID).identity
 	}
 	survivors := []string{"r0", "r1"}
 	for _, id := range survivors {
 		runBackend(t, backends[id])
-		stop := renewing(backends[id].live(sessions[id].id))
+		stop := renewing(backends[id].live(sessions[id].ID))
 		t.Cleanup(func() { _, _ = stop() })
 	}
 	var names []string
@@ -193,7 +194,7 @@ func TestBackendTakeOverSplitsTheBucketsOverTheSurvivors(t *testing.T) {
 				crashedNames[n] = true
 			}
 		}
-		if got, _, err := backends[id].claim(t.Context(), sessions[id].id, mine); err != nil || len(got) != len(mine) {
+		if got, _, err := backends[id].Claim(t.Context(), sessions[id].ID, mine); err != nil || len(got) != len(mine) {
 			t.Fatalf("%s's claim of its %d names: %d, %v", id, len(mine), len(got), err)
 		}
 	}
@@ -204,7 +205,7 @@ func TestBackendTakeOverSplitsTheBucketsOverTheSurvivors(t *testing.T) {
 		return len(backends["r0"].liveMembers()) == 3 && len(backends["r1"].liveMembers()) == 3
 	})
 	for _, id := range survivors {
-		if n, err := backends[id].takeOver(t.Context(), sessions[id].id, ownerOf); err != nil || n != 0 {
+		if n, err := backends[id].takeOver(t.Context(), sessions[id].ID, ownerOf); err != nil || n != 0 {
 			t.Fatalf("%s's takeOver while r2 is live: %d buckets, %v; want none", id, n, err)
 		}
 	}
@@ -213,7 +214,7 @@ func TestBackendTakeOverSplitsTheBucketsOverTheSurvivors(t *testing.T) {
 	})
 	wrote := map[string]int{}
 	for _, id := range survivors {
-		n, err := backends[id].takeOver(t.Context(), sessions[id].id, ownerOf)
+		n, err := backends[id].takeOver(t.Context(), sessions[id].ID, ownerOf)
 		if err != nil {
 			t.Fatalf("%s's takeOver: %v", id, err)
 		}
@@ -280,19 +281,19 @@ func TestBackendClaimOfNamesHeldListsTheBucketsOnce(t *testing.T) {
 	for i := range g.buckets {
 		names = append(names, namesIn(g, i, 2)...)
 	}
-	if got, _, err := b.claim(t.Context(), s.id, names); err != nil || len(got) != len(names) {
+	if got, _, err := b.Claim(t.Context(), s.ID, names); err != nil || len(got) != len(names) {
 		t.Fatalf("the first claim of %d names: %d, %v", len(names), len(got), err)
 	}
 	reads.Store(0)
 	writes.Store(0)
 	lists.Store(0)
-	got, _, err := b.claim(t.Context(), s.id, names)
+	got, _, err := b.Claim(t.Context(), s.ID, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range got {
-		if !c.ok {
-			t.Errorf("%s: not found held by the session", c.name)
+		if !c.Mine {
+			t.Errorf("%s: not found held by the session", c.Name)
 		}
 	}
 	if r, w, l := reads.Load(), writes.Load(), lists.Load(); r != 0 || w != 0 || l != 1 {
@@ -322,7 +323,7 @@ func TestBucketOwnerSpreadsEvenly(t *testing.T) {
 }
 
 // A claim of an ended session's names waits for the survivors' rewrites
-// only when this replica's ha asked for a hand-over (seam.TakeOver):
+// only when this replica's ha asked for a hand-over (kubeBackend.TakeOver):
 // driven without one, the claim writes at once
 // (TestBackendClaimWaitsForAMissingHandOverOnce shows the wait when
 // asked). Before, every claim of
@@ -334,27 +335,27 @@ func TestBackendClaimWaitsForHandOversOnlyWhenAsked(t *testing.T) {
 	c := needCluster(t)
 	g := newTestGroup(t, c, 4, nil)
 	r0 := backendOn(t, c, g, "r0", replicaConfig(c, nil))
-	s0, err := r0.begin(t.Context(), 0, testD, "digest")
+	s0, err := r0.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := r0.claim(t.Context(), s0.id, []string{"x"}); err != nil || len(got) != 1 {
+	if got, _, err := r0.Claim(t.Context(), s0.ID, []string{"x"}); err != nil || len(got) != 1 {
 		t.Fatalf("r0's claim: %d, %v", len(got), err)
 	}
-	id0 := r0.live(s0.id).identity
+	id0 := r0.live(s0.ID).identity
 	r1 := backendOn(t, c, g, "r1", replicaConfig(c, nil))
 	runBackend(t, r1)
-	s1, err := r1.begin(t.Context(), 0, testD, "digest")
+	s1, err := r1.Begin(t.Context(), 0, testD, "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := renewing(r1.live(s1.id))
+	stop := renewing(r1.live(s1.ID))
 	t.Cleanup(func() { _, _ = stop() })
 	waitFor(t, 3*testD, "r1 counts r0's unrenewed session ended", func() bool { return r1.o.ended(id0) })
 	start := time.Now()
-	got, _, err := r1.claim(t.Context(), s1.id, []string{"x"})
+	got, _, err := r1.Claim(t.Context(), s1.ID, []string{"x"})
 	took := time.Since(start)
-	if err != nil || len(got) != 1 || !got[0].ok {
+	if err != nil || len(got) != 1 || !got[0].Mine {
 		t.Fatalf("r1's claim of x: %+v, %v; want ours", got, err)
 	}
 	if took >= r1.requestTimeout {
@@ -429,10 +430,10 @@ func crashHolding(t *testing.T, c *cluster, g *group, a *kubeBackend, names []st
 	t.Helper()
 	x := backendOn(t, c, g, "r2", replicaConfig(c, nil))
 	sx := beginOn(t, x)
-	if got, _, err := x.claim(t.Context(), sx.id, names); err != nil || len(got) != len(names) {
+	if got, _, err := x.Claim(t.Context(), sx.ID, names); err != nil || len(got) != len(names) {
 		t.Fatalf("r2's claim of %d names: %d, %v", len(names), len(got), err)
 	}
-	crashed := x.live(sx.id).identity
+	crashed := x.live(sx.ID).identity
 	waitFor(t, 5*testD, "a counts r2 ended, and its feed shows r2's entries and the live members", func() bool {
 		if m := a.liveMembers(); len(m) != live || !a.o.ended(crashed) {
 			return false
@@ -451,17 +452,17 @@ func crashHolding(t *testing.T, c *cluster, g *group, a *kubeBackend, names []st
 // claimEnded has session s of a claim names, held by an ended session,
 // fails the test unless it gets them all, and answers how long the call
 // took.
-func claimEnded(t *testing.T, a *kubeBackend, s seamSession, names []string) time.Duration {
+func claimEnded(t *testing.T, a *kubeBackend, s ha.Session, names []string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	got, _, err := a.claim(t.Context(), s.id, names)
+	got, _, err := a.Claim(t.Context(), s.ID, names)
 	took := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, cl := range got {
-		if !cl.ok {
-			t.Errorf("%s: not taken from the ended session", cl.name)
+		if !cl.Mine {
+			t.Errorf("%s: not taken from the ended session", cl.Name)
 		}
 	}
 	return took
@@ -469,7 +470,7 @@ func claimEnded(t *testing.T, a *kubeBackend, s seamSession, names []string) tim
 
 // liveOn returns the backend of member id in g, running, and its session,
 // renewed until the test ends.
-func liveOn(t *testing.T, c *cluster, g *group, id string) (*kubeBackend, seamSession) {
+func liveOn(t *testing.T, c *cluster, g *group, id string) (*kubeBackend, ha.Session) {
 	t.Helper()
 	b := backendOn(t, c, g, id, replicaConfig(c, nil))
 	runBackend(t, b)
@@ -547,7 +548,7 @@ func claimHandedOneASecond(t *testing.T, n int) (time.Duration, int64) {
 		t.Fatalf("r1 owns %d of the %d buckets among r0 and r1; want at least %d", len(buckets), gr.buckets, n)
 	}
 	crashHolding(t, c, gr, a, names, 2)
-	toA := a.live(sa.id).identity
+	toA := a.live(sa.ID).identity
 	a.noteHandOver() // as ha asks, with a takeOver of its own that ended at once: the buckets are r1's
 	a.handOverDone()
 	w0 := writes.Load()
@@ -555,7 +556,7 @@ func claimHandedOneASecond(t *testing.T, n int) (time.Duration, int64) {
 	go func() { // joined below: r1 hands its buckets over, one a second
 		for k, i := range buckets {
 			time.Sleep(time.Second)
-			if _, err := r1.g.change(t.Context(), r1.o, i, claimChange{give: map[string]string{names[k]: toA}, othersOnly: true}, r1.live(s1.id).writer(), nil); err != nil {
+			if _, err := r1.g.change(t.Context(), r1.o, i, claimChange{give: map[string]string{names[k]: toA}, othersOnly: true}, r1.live(s1.ID).writer(), nil); err != nil {
 				handed <- fmt.Errorf("r1's hand-over of bucket %d: %w", i, err)
 				return
 			}
@@ -586,7 +587,7 @@ func TestBackendClaimsWaitingShareTheirLists(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, part := range names {
 		wg.Go(func() { // joined below
-			if got, _, err := a.claim(t.Context(), sa.id, part); err != nil || len(got) != len(part) {
+			if got, _, err := a.Claim(t.Context(), sa.ID, part); err != nil || len(got) != len(part) {
 				t.Errorf("r0's claim of %d names: %d, %v", len(part), len(got), err)
 			}
 		})
@@ -623,7 +624,7 @@ func TestBackendClaimWaitingAloneListsEveryPoll(t *testing.T) {
 // among them and crash. r0's ha has asked for a hand-over, its own
 // takeOver ended at once; r1 makes none. It answers r0, its session
 // and r2's names, the k-th of each bucket in names[k].
-func waitingOnR1(t *testing.T, timeout time.Duration, perBucket int, lists *atomic.Int64) (*kubeBackend, seamSession, [][]string) {
+func waitingOnR1(t *testing.T, timeout time.Duration, perBucket int, lists *atomic.Int64) (*kubeBackend, ha.Session, [][]string) {
 	t.Helper()
 	c := needCluster(t)
 	g := newTestGroup(t, c, 16, nil)

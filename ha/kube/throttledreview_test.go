@@ -203,7 +203,7 @@ func TestThrottledCountsTheVersionRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.(seam).b.server(context.Background()); err != nil {
+	if _, err := b.(*kubeBackend).server(context.Background()); err != nil {
 		t.Fatalf("/version refused twice: %v; want served on the third send", err)
 	}
 	if n := sends.Load(); n != 3 {
