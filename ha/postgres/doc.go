@@ -69,16 +69,15 @@
 //
 // # Server versions
 //
-// Tested against PostgreSQL 15 (Debian bookworm's, the oldest release
-// the PostgreSQL project still supports) and 18.4 (the newest): the tests
-// start their own server, from Debian's packages or from the directory
-// -pg.bin names. The store needs 10 or later, for identity columns (GENERATED ALWAYS AS
-// IDENTITY), the newest feature its SQL uses, and refuses an older
-// server at its first request with an error wrapping [ErrServerTooOld]
-// that names the server's version. pgx v5 supports the PostgreSQL
-// releases of the last five years (14 and later as this is written);
-// between 10 and 13 nothing in the store is known to break, and nothing
-// tests it.
+// Supported: PostgreSQL 15 and later, the releases the PostgreSQL
+// project still supports, of which the tests run against the oldest and
+// the newest: 15 (Debian bookworm's) and 18.4; they start their own
+// server, from Debian's packages or from the directory -pg.bin names.
+// Older servers from 10 on are accepted, untested: 10 is the first with
+// identity columns (GENERATED ALWAYS AS IDENTITY), the newest feature the
+// store's SQL uses. The store refuses an older server at its first
+// request with an error wrapping [ErrServerTooOld] that names the
+// server's version.
 //
 // # The example
 //
