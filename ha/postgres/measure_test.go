@@ -257,13 +257,13 @@ type takeover struct {
 }
 
 // measureTakeover starts a child of kind holding measureNames through a
-// holeProxy, a waiter, hits the child with event, and times the
+// black hole (proxy_test.go), a waiter, hits the child with event, and times the
 // waiter's taking every name over.
 func measureTakeover(t *testing.T, kind, event string, ttl time.Duration) takeover {
 	t.Helper()
 	group := newGroup("measure-" + kind + "-" + event)
-	proxy := startHoleProxy(t, "127.0.0.1:"+strconv.Itoa(testServer.Port))
-	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", proxy.addr())
+	proxy := newBlackHole(t, "127.0.0.1:"+strconv.Itoa(testServer.Port))
+	dsn := proxy.dsn()
 	child := startChild(t, measureKind+"="+kind, measureDSN+"="+dsn, measureGroup+"="+group, measureTTL+"="+ttl.String())
 	running := map[string]bool{}
 	timeout := time.After(30 * time.Second)
@@ -289,7 +289,7 @@ func measureTakeover(t *testing.T, kind, event string, ttl time.Duration) takeov
 	case "SIGKILL":
 		err = child.cmd.Process.Kill()
 	case "partition":
-		proxy.hole()
+		proxy.cut()
 	case "SIGSTOP":
 		err = child.cmd.Process.Signal(syscall.SIGSTOP)
 	case "leave":
