@@ -322,9 +322,13 @@ func (m takeover) String() string {
 	return m.took.Round(10 * time.Millisecond).String()
 }
 
+// TestMeasureBesideAdvisoryLocks prints the table of DESIGN.md's
+// "Measured": this store's takeovers beside pg_try_advisory_lock's, and
+// its steady writes.
 func TestMeasureBesideAdvisoryLocks(t *testing.T) {
 	if !*pgMeasure {
-		t.Skip("on demand: -pg.measure")
+		t.Log("a measurement of about 5 minutes, off by default; run it with: go test -run TestMeasureBesideAdvisoryLocks -pg.measure -parallel 16 -v -timeout 30m .")
+		return
 	}
 	ttls := []time.Duration{5 * time.Second, 15 * time.Second}
 	events := []string{"SIGKILL", "partition", "SIGSTOP", "leave"}

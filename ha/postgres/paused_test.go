@@ -213,23 +213,11 @@ func TestFrozenReplicaWritesNothingOnceItsNamesMoved(t *testing.T) {
 	stopped := time.Now()
 	var rec sync.Mutex
 	var r1Refused []string
-	r1, err := ha.New(Store(pool, StoreOptions{}), pausedOptions(group, "r1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r1.Close()
-	stop := make(chan struct{})
-	defer close(stop) // before r1.Close: its DoFuncs return, and Close joins them
-	for _, name := range pausedNames {
-		_ = r1.UpdateController(name, controller.ControllerParams{DoFunc: fencedLoop(pool, table, "r1", func(n string) {
-			rec.Lock()
-			defer rec.Unlock()
-			r1Refused = append(r1Refused, n)
-		}, stop)})
-	}
-	if err := r1.Join(ctx); err != nil {
-		t.Fatal(err)
-	}
+	joinFencedHolder(t, ctx, pool, group, table, func(n string) {
+		rec.Lock()
+		defer rec.Unlock()
+		r1Refused = append(r1Refused, n)
+	})
 	// Taken over while the child is frozen: when it froze inside a
 	// fenced transaction, whose locks hold the takeover off, once the
 	// server ended that transaction, idle for a TTL (Held's bound).
@@ -282,19 +270,7 @@ func TestKilledReplicasNamesMoveOnceItsSessionRanOut(t *testing.T) {
 	table, ids := newWriteTable(t, pool, group)
 	child := startReplicaProcess(t, group, table)
 	await(t, 15*time.Second, "the child writing every name", func() bool { return len(ids("min", "child")) == len(pausedNames) })
-	r1, err := ha.New(Store(pool, StoreOptions{}), pausedOptions(group, "r1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r1.Close()
-	stop := make(chan struct{})
-	defer close(stop) // before r1.Close: its DoFuncs return, and Close joins them
-	for _, name := range pausedNames {
-		_ = r1.UpdateController(name, controller.ControllerParams{DoFunc: fencedLoop(pool, table, "r1", func(string) {}, stop)})
-	}
-	if err := r1.Join(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	joinFencedHolder(t, context.Background(), pool, group, table, func(string) {})
 	time.Sleep(pausedTTL) // r1 watches, junior: it runs nothing
 	if n := len(ids("min", "r1")); n != 0 {
 		t.Fatalf("r1 wrote %d names while the senior child ran them", n)
@@ -311,4 +287,29 @@ func TestKilledReplicasNamesMoveOnceItsSessionRanOut(t *testing.T) {
 			t.Errorf("%s: the killed child wrote row %d after r1's first, %d", name, lastChild[name], firstR1[name])
 		}
 	}
+}
+
+// joinFencedHolder joins replica r1 of group on pool with ctx, in Leader
+// mode (pausedOptions), running every one of pausedNames with fencedLoop
+// as writer "r1" into table, refused called for each refusal. The test's
+// cleanup, which runs before the pool's, makes its DoFuncs return, then
+// closes it (Close joins them).
+func joinFencedHolder(t *testing.T, ctx context.Context, pool *pgxpool.Pool, group, table string, refused func(name string)) *ha.Replica {
+	t.Helper()
+	r1, err := ha.New(Store(pool, StoreOptions{}), pausedOptions(group, "r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		_ = r1.Close()
+	})
+	for _, name := range pausedNames {
+		_ = r1.UpdateController(name, controller.ControllerParams{DoFunc: fencedLoop(pool, table, "r1", refused, stop)})
+	}
+	if err := r1.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return r1
 }

@@ -125,21 +125,9 @@ func TestLongFencedTransactionHoldsTheTakeoverOffATTLAtMost(t *testing.T) {
 	}
 	await(t, 10*time.Second, "r0 running every name", func() bool { return allRunning(r0, pausedNames) })
 
-	r1, err := ha.New(Store(direct, StoreOptions{}), pausedOptions(group, "r1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r1.Close()
-	stop := make(chan struct{})
-	defer close(stop) // before r1.Close: its DoFuncs return, and Close joins them
-	for _, name := range pausedNames {
-		_ = r1.UpdateController(name, controller.ControllerParams{DoFunc: fencedLoop(direct, table, "r1", func(n string) {
-			t.Errorf("r1, the new holder, was refused for %s", n)
-		}, stop)})
-	}
-	if err := r1.Join(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	joinFencedHolder(t, context.Background(), direct, group, table, func(n string) {
+		t.Errorf("r1, the new holder, was refused for %s", n)
+	})
 	time.Sleep(200 * time.Millisecond) // the long transactions write on
 	cut := time.Now()
 	proxy.cut()
